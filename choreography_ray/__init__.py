@@ -1,0 +1,68 @@
+"""choreography_ray: a durable job system for large fan-out on Ray."""
+
+from choreography_ray.errors import (
+    CannotResumeJobError,
+    ChoreographyError,
+    ConcurrencyError,
+    CorruptRecordError,
+    DuplicateRecordError,
+    IllegalTransitionError,
+    InvalidRequestError,
+    JobLookupError,
+    JobOperationError,
+    JobTimeoutError,
+    RemoveJobError,
+    ResumeJobError,
+    RetryFailedStepsError,
+    StartJobError,
+    StopJobError,
+    StorageError,
+    StorageUnavailableError,
+    TypeImportError,
+)
+from choreography_ray.model import (
+    JobProgress,
+    JobsManagerKey,
+    JobState,
+    Lease,
+    StageProgress,
+    StatusChange,
+    StepState,
+)
+from choreography_ray.options import JobsOptions
+from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CannotResumeJobError",
+    "ChoreographyError",
+    "ConcurrencyError",
+    "CorruptRecordError",
+    "DuplicateRecordError",
+    "IllegalTransitionError",
+    "InvalidRequestError",
+    "JobLookupError",
+    "JobOperationError",
+    "JobProgress",
+    "JobStageFailureBehavior",
+    "JobState",
+    "JobStatus",
+    "JobTimeoutError",
+    "JobsManagerKey",
+    "JobsOptions",
+    "Lease",
+    "RemoveJobError",
+    "ResumeJobError",
+    "RetryFailedStepsError",
+    "StageProgress",
+    "StartJobError",
+    "StatusChange",
+    "StepState",
+    "StepStatus",
+    "StopJobError",
+    "StorageError",
+    "StorageUnavailableError",
+    "TypeImportError",
+    "__version__",
+]

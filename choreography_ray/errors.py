@@ -1,0 +1,149 @@
+"""Errors raised by choreography_ray.
+
+One root, `ChoreographyError`::
+
+    ChoreographyError
+    ├── JobOperationError          an operation answered one of the spec's error enums (.error)
+    ├── JobTimeoutError            wait() gave up before the job reached a terminal status
+    ├── InvalidRequestError        a request did not validate against the job's request type
+    ├── TypeImportError            a job or step type stored by path cannot be imported
+    ├── IllegalTransitionError     a job was asked to move between statuses the lifecycle forbids
+    └── StorageError               anything the storage layer reports
+        ├── StorageUnavailableError      the database cannot be reached (URL shown without password)
+        ├── ConcurrencyError             a job save lost an optimistic-concurrency race
+        ├── DuplicateRecordError         a record with that id exists already
+        └── CorruptRecordError           a stored record does not parse (collection and id named)
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeAlias
+
+
+class StartJobError(enum.StrEnum):
+    UNKNOWN = "Unknown"
+    #: The request was refused; nothing was stored.
+    INVALID_REQUEST = "InvalidRequest"
+    #: `prepare_steps` threw or returned no plan the job could persist.
+    COULD_NOT_PREPARE_STEPS = "CouldNotPrepareSteps"
+    #: The job record or its plan could not be written.
+    COULD_NOT_PERSIST = "CouldNotPersist"
+    #: No step of the first stage started.
+    FAILED_STARTING_ALL_JOB_STEPS = "FailedStartingAllJobSteps"
+    #: Some steps did not start, or the first stage started none but a later stage is running.
+    FAILED_STARTING_SOME_JOB_STEPS = "FailedStartingSomeJobSteps"
+    #: A job with that id exists already.
+    JOB_ALREADY_EXISTS = "JobAlreadyExists"
+
+
+class StopJobError(enum.StrEnum):
+    UNKNOWN = "Unknown"
+    #: The stop could not be written; the job was left as it was.
+    COULD_NOT_PERSIST_STOP = "CouldNotPersistStop"
+    #: The job is terminal and has nothing to stop.
+    JOB_IS_NOT_RUNNING = "JobIsNotRunning"
+
+
+class RemoveJobError(enum.StrEnum):
+    #: The finish of the removal failed again.
+    UNKNOWN = "Unknown"
+    #: A removal is already in progress; its finish was run again.
+    JOB_IS_ALREADY_BEING_REMOVED = "JobIsAlreadyBeingRemoved"
+
+
+class ResumeJobError(enum.StrEnum):
+    UNKNOWN = "Unknown"
+    #: A job that completed (with or without failures) is not resumed.
+    JOB_IS_COMPLETED = "JobIsCompleted"
+    #: A job being removed is never resumed.
+    JOB_IS_BEING_REMOVED = "JobIsBeingRemoved"
+
+
+class RetryFailedStepsError(enum.StrEnum):
+    #: The job type does not allow it, or the job has stages.
+    NOT_SUPPORTED = "NotSupported"
+    JOB_IS_NOT_COMPLETED_WITH_FAILURES = "JobIsNotCompletedWithFailures"
+    COULD_NOT_PERSIST = "CouldNotPersist"
+
+
+class CannotResumeJobError(enum.StrEnum):
+    #: The job was interrupted before its plan was stored; inspect or remove it.
+    MISSING_STEP_PLAN = "MissingStepPlan"
+
+
+class JobLookupError(enum.StrEnum):
+    #: No job with that id in this manager's scope and namespace.
+    JOB_NOT_FOUND = "JobNotFound"
+
+
+OperationErrorCode: TypeAlias = (
+    StartJobError
+    | StopJobError
+    | RemoveJobError
+    | ResumeJobError
+    | RetryFailedStepsError
+    | CannotResumeJobError
+    | JobLookupError
+)
+
+
+class ChoreographyError(Exception):
+    """The root of every error this package raises."""
+
+
+class JobOperationError(ChoreographyError):
+    """An operation on a job failed with one of the spec's error codes."""
+
+    def __init__(self, error: OperationErrorCode, message: str = "") -> None:
+        self.error = error
+        self.message = message
+        super().__init__(f"{type(error).__name__}.{error.name}" + (f": {message}" if message else ""))
+
+    def __reduce__(self) -> tuple[type[JobOperationError], tuple[OperationErrorCode, str]]:
+        return JobOperationError, (self.error, self.message)
+
+
+class JobTimeoutError(ChoreographyError, TimeoutError):
+    """`wait` reached its timeout before the job reached a terminal or stopped status."""
+
+
+class InvalidRequestError(ChoreographyError, ValueError):
+    """A request does not validate against the job type's request model."""
+
+
+class TypeImportError(ChoreographyError, ImportError):
+    """A type stored by import path cannot be imported (or is not allowed)."""
+
+
+class IllegalTransitionError(ChoreographyError):
+    """A job status change the lifecycle does not allow."""
+
+
+class StorageError(ChoreographyError):
+    """Anything the storage layer reports."""
+
+
+class StorageUnavailableError(StorageError):
+    """The database cannot be reached; the message names the URL without its password."""
+
+
+class ConcurrencyError(StorageError):
+    """A job save carried a stale version: another writer saved the job first."""
+
+
+class DuplicateRecordError(StorageError):
+    """A record with that id exists already."""
+
+
+class CorruptRecordError(StorageError):
+    """A stored record does not parse; the message names the collection and id."""
+
+    def __init__(self, collection: str, record_id: str, reason: str) -> None:
+        self.collection = collection
+        self.record_id = record_id
+        self.reason = reason
+        super().__init__(f"corrupt record {record_id!r} in {collection!r}: {reason}")
+
+    def __reduce__(self) -> tuple[type[CorruptRecordError], tuple[str, str, str]]:
+        return CorruptRecordError, (self.collection, self.record_id, self.reason)

@@ -1,0 +1,159 @@
+"""The records every part shares: job and step state, progress, leases and keys.
+
+Every stored record carries `schema_version`. A record written before a field existed loads with
+that field's default (pydantic fills it), which is how records of older releases are read.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from choreography_ray.status import JobStatus, StepStatus
+
+#: The schema version this release writes.
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class JobsManagerKey(_Record):
+    """The (scope, namespace) of one jobs manager: what recovery asks to rehydrate."""
+
+    scope: str
+    namespace: str
+
+    def __str__(self) -> str:
+        return f"{self.scope}/{self.namespace}"
+
+
+class StatusChange(_Record):
+    """One entry of a job's or step's status history."""
+
+    status: str
+    occurred: datetime = Field(default_factory=utcnow)
+    exception_messages: tuple[str, ...] = ()
+
+
+class Lease(_Record):
+    """Who runs a step: the Ray node (silo), the hosting actor + incarnation, the last heartbeat."""
+
+    silo: str
+    activation: str
+    heartbeat: datetime
+
+
+class StageProgress(_Record):
+    stage: int
+    is_started: bool = False
+    total_steps: int = 0
+    successful_steps: int = 0
+    failed_steps: int = 0
+    unreachable_steps: int = 0
+    stopped_steps: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def is_completed(self) -> bool:
+        done = self.successful_steps + self.failed_steps + self.unreachable_steps
+        return done >= self.total_steps
+
+
+class JobProgress(_Record):
+    total_steps: int = 0
+    successful_steps: int = 0
+    failed_steps: int = 0
+    stopped_steps: int = 0
+    unreachable_steps: int = 0
+    stages: tuple[StageProgress, ...] = ()
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def is_completed(self) -> bool:
+        """Every step reached an outcome: successful + failed + unreachable = total."""
+        done = self.successful_steps + self.failed_steps + self.unreachable_steps
+        return self.total_steps > 0 and done >= self.total_steps
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def is_stopped(self) -> bool:
+        """Every step has an outcome or a stop, counting the steps of stages never started."""
+        not_started = sum(s.total_steps for s in self.stages if not s.is_started)
+        done = self.successful_steps + self.failed_steps + self.unreachable_steps
+        return done + self.stopped_steps + not_started >= self.total_steps
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def has_failures(self) -> bool:
+        return self.failed_steps + self.unreachable_steps > 0
+
+
+class JobState(_Record):
+    """A job as stored. `version` is the optimistic-concurrency counter of its record."""
+
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    scope: str
+    namespace: str
+    type: str
+    status: JobStatus = JobStatus.NONE
+    created: datetime = Field(default_factory=utcnow)
+    status_changes: tuple[StatusChange, ...] = ()
+    stage: int = 0
+    progress: JobProgress = JobProgress()
+    request: dict[str, Any] = Field(default_factory=dict)
+    #: The plan (every step record) is stored; a job without it cannot resume.
+    has_plan: bool = False
+    stop_finalized: bool = False
+    #: Steps whose outcome the job counted after it resumed (read from `job_counted_steps`).
+    completed_steps_counted: tuple[str, ...] = ()
+    #: Steps whose stop the job counted (read from `job_counted_steps`).
+    stopped_steps_counted: tuple[str, ...] = ()
+    #: The job resumed or reopened at least once: its outcomes are recorded as counted.
+    records_counted_steps: bool = False
+    #: Why the job is FAILED, when it is.
+    error: str | None = None
+    version: int = 0
+
+    @property
+    def key(self) -> JobsManagerKey:
+        return JobsManagerKey(scope=self.scope, namespace=self.namespace)
+
+    def with_status(self, status: JobStatus, *exception_messages: str) -> JobState:
+        change = StatusChange(status=status, exception_messages=tuple(exception_messages))
+        return self.model_copy(
+            update={"status": status, "status_changes": (*self.status_changes, change)}
+        )
+
+
+class StepState(_Record):
+    """A prepared step as stored. A step that succeeded is deleted, so it is not read back."""
+
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    step_id: str
+    type: str
+    stage: int = 0
+    status: StepStatus = StepStatus.SCHEDULED
+    attempt: int = 0
+    lease: Lease | None = None
+    is_prepared: bool = True
+    request: dict[str, Any] = Field(default_factory=dict)
+    status_changes: tuple[StatusChange, ...] = ()
+    updated: datetime = Field(default_factory=utcnow)
+
+    @property
+    def key(self) -> str:
+        return step_key(self.job_id, self.step_id)
+
+
+def step_key(job_id: str, step_id: str) -> str:
+    return f"{job_id}/{step_id}"

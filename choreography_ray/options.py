@@ -1,0 +1,95 @@
+"""`JobsOptions`: every option of the spec, with its default."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def _seconds(value: object) -> object:
+    """Plain numbers read as seconds; infinity is kept as the largest duration."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta.max if math.isinf(value) else timedelta(seconds=value)
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_seconds)]
+
+
+class JobsOptions(BaseModel):
+    """Options of the job system. Durations are `timedelta`; plain numbers read as seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Start operations (batched RPCs to step hosts) in flight at once per job.
+    max_concurrent_step_starts: int = 16
+    #: Steps running at once per job; None = no window. Values below 1 are treated as 1.
+    max_active_steps_per_job: int | None = None
+    #: Deliveries of one outcome before the step leaves it to the job's watchdog.
+    step_delivery_max_attempts: int = 10
+    #: Delay before the second delivery; each further one doubles it.
+    step_delivery_retry_delay: Duration = timedelta(seconds=1)
+    #: The longest delay between two deliveries.
+    max_step_delivery_retry_delay: Duration = timedelta(seconds=30)
+    #: How often a running job recounts its steps; zero, negative or infinite turns it off.
+    job_watchdog_interval: Duration = timedelta(seconds=60)
+    #: Attempts per step; 1 = a step never retries. Values below 1 are treated as 1.
+    max_step_attempts: int = 1
+    #: Delay before the second attempt; each further attempt doubles it.
+    step_retry_backoff: Duration = timedelta(seconds=5)
+    #: The longest delay between two attempts.
+    max_step_retry_backoff: Duration = timedelta(minutes=5)
+    #: Jobs resumed at once by one manager's rehydration drain.
+    max_concurrent_rehydration: int = 8
+    #: Lease timeout of a running step; zero turns leases off.
+    step_lease_timeout: Duration = timedelta(0)
+    #: Import paths ("pkg.mod:Class") of extra recovery key providers.
+    keys_providers: tuple[str, ...] = ()
+    #: When set, types imported from storage must start with one of these prefixes.
+    allowed_type_prefixes: tuple[str, ...] | None = None
+    #: How often the recovery actor looks for running jobs whose job actor is gone; 0 = off.
+    reconciliation_interval: Duration = timedelta(seconds=60)
+    #: Step hosts per node; None = one per CPU of the node.
+    step_hosts_per_node: int | None = None
+    #: Steps one step host runs at once.
+    step_host_capacity: int = Field(default=4096, ge=1)
+    #: Steps in one start RPC from a job to a step host.
+    step_batch_size: int = Field(default=512, ge=1)
+    #: How long a step host gathers writes before one bulk write (group commit).
+    group_commit_delay: Duration = timedelta(milliseconds=5)
+
+    @property
+    def effective_max_step_attempts(self) -> int:
+        return max(1, self.max_step_attempts)
+
+    @property
+    def effective_max_concurrent_step_starts(self) -> int:
+        return max(1, self.max_concurrent_step_starts)
+
+    @property
+    def watchdog_seconds(self) -> float | None:
+        """The watchdog interval in seconds, or None when it is off."""
+        return _positive_seconds(self.job_watchdog_interval)
+
+    @property
+    def lease_seconds(self) -> float | None:
+        return _positive_seconds(self.step_lease_timeout)
+
+    @property
+    def reconciliation_seconds(self) -> float | None:
+        return _positive_seconds(self.reconciliation_interval)
+
+
+def _positive_seconds(value: timedelta) -> float | None:
+    if value == timedelta.max:
+        return None
+    seconds = value.total_seconds()
+    return seconds if 0 < seconds < math.inf else None
+
+
+def window_size(configured: int | None) -> int | None:
+    """The active window: None is no window; values below 1 are treated as 1."""
+    return None if configured is None else max(1, configured)

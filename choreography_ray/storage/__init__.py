@@ -1,0 +1,179 @@
+"""Durable storage: one small async protocol, one module per provider.
+
+`open_storage(url)` picks the provider by URL scheme:
+
+    memory://                in-process (tests), or held by one Ray actor so every process sees it
+    sqlite:///path/jobs.db   the embedded default: one machine, WAL, durable
+    mongodb://host/db        clusters; pymongo, bulk writes
+
+Stored layout (MongoDB collections; SQLite tables of the same names):
+
+    jobs                one record per job. Key: job id. Fields: scope, namespace, type, status,
+                        status_changes, stage, progress, request, has_plan, stop_finalized,
+                        records_counted_steps, error, created, version, schema_version.
+                        Indexes: (scope, namespace, status), (status, stop_finalized).
+    job_steps           one record per prepared step not yet succeeded. Key: "{job_id}/{step_id}".
+                        Fields: job_id, step_id, type, stage, status, attempt, lease {silo,
+                        activation, heartbeat}, request, status_changes, updated, schema_version.
+                        Indexes: (job_id, status), (job_id, stage, status), (job_id, step_id).
+    job_counted_steps   one small record per counted step identity (CompletedStepsCounted,
+                        StoppedStepsCounted). Key: (job, kind, step_id). Writing one costs the
+                        same at 10 and at 1,000,000 records of a job.
+    jobs_manager_keys   the recovery key catalog: every (scope, namespace) a manager served.
+
+Each provider's docstring says how it lays these out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from choreography_ray.model import JobsManagerKey, JobState, Lease, StatusChange, StepState
+from choreography_ray.status import JobStatus, StepStatus
+
+
+class CountedKind(enum.StrEnum):
+    """Which counted-steps list a record belongs to."""
+
+    #: `JobState.completed_steps_counted`: outcomes counted after a resume or reopen.
+    COMPLETED = "completed"
+    #: `JobState.stopped_steps_counted`: stops counted in this execution.
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class StepUpdate:
+    """One step's new status in a bulk update. `lease=None` clears the lease; `change`, when
+    set, is appended to the step's status history."""
+
+    job_id: str
+    step_id: str
+    status: StepStatus
+    attempt: int
+    lease: Lease | None = None
+    change: StatusChange | None = None
+
+
+#: Counts of a job's stored steps by (stage, status).
+StatusCounts = dict[tuple[int, StepStatus], int]
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What the runtime needs from a database, and no more. Every method is a coroutine."""
+
+    url: str
+
+    # jobs
+    async def create_job(self, job: JobState) -> JobState:
+        """Insert a new job at version 1; `DuplicateRecordError` when the id exists."""
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        """The job without its counted-steps lists (see `list_counted`)."""
+
+    async def save_job(self, job: JobState) -> JobState:
+        """Replace the job if its stored version is `job.version`; returns it at version + 1.
+        A stale version raises `ConcurrencyError` and changes nothing."""
+
+    async def list_jobs(
+        self, scope: str, namespace: str, status: JobStatus | None = None
+    ) -> list[JobState]: ...
+
+    async def get_jobs_excluding_finalized_stops(
+        self, scope: str, namespace: str
+    ) -> list[JobState]:
+        """Every job of the key but STOPPED jobs whose stop is finalized (REMOVING stays),
+        filtered in the query, oldest first."""
+
+    async def remove_job(self, job_id: str) -> None: ...
+
+    # steps
+    async def insert_steps(self, steps: Sequence[StepState]) -> None:
+        """Bulk insert of a plan, all or nothing."""
+
+    async def get_step(self, job_id: str, step_id: str) -> StepState | None: ...
+
+    async def list_steps(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StepState]:
+        """A page of a job's steps ordered by step id, those after `after`."""
+
+    async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
+        """Bulk status update, in one write. Steps that no longer exist are skipped."""
+
+    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None: ...
+
+    async def count_by_status(self, job_id: str) -> StatusCounts:
+        """The job's stored steps counted by (stage, status), in one aggregate query."""
+
+    async def remove_job_steps(self, job_id: str) -> None: ...
+
+    # counted steps
+    async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
+        """Idempotent bulk add."""
+
+    async def remove_counted(self, job_id: str, kind: CountedKind, step_id: str) -> None: ...
+
+    async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]: ...
+
+    async def count_counted(self, job_id: str, kind: CountedKind) -> int: ...
+
+    async def remove_job_counted(self, job_id: str) -> None: ...
+
+    # recovery key catalog
+    async def add_manager_key(self, key: JobsManagerKey) -> None:
+        """Idempotent."""
+
+    async def list_manager_keys(self) -> list[JobsManagerKey]: ...
+
+    async def close(self) -> None: ...
+
+
+def open_storage(url: str) -> Storage:
+    """The provider for `url`; an unknown scheme is a `ValueError` naming the known ones."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "memory":
+        from choreography_ray.storage.memory import MemoryStorage
+
+        return MemoryStorage(url)
+    if scheme == "sqlite":
+        from choreography_ray.storage.sqlite import SqliteStorage
+
+        return SqliteStorage(url)
+    if scheme in ("mongodb", "mongodb+srv"):
+        from choreography_ray.storage.mongodb import MongoStorage
+
+        return MongoStorage(url)
+    raise ValueError(
+        f"unknown storage URL {redact_url(url)!r}: use memory://, sqlite:///path.db "
+        "or mongodb://host/database"
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password."""
+    if "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
+        return url
+    scheme, rest = url.split("://", 1)
+    auth, host = rest.split("@", 1)
+    user = auth.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+__all__ = [
+    "CountedKind",
+    "StatusCounts",
+    "StepUpdate",
+    "Storage",
+    "open_storage",
+    "redact_url",
+]

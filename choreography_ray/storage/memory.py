@@ -1,0 +1,161 @@
+"""The in-process memory provider: the reference for the contract, and the one unit tests use.
+
+Jobs, steps and counted records live in dicts of immutable records. Inside a Ray cluster
+`memory://` is held by one actor (see `choreography_ray.runtime.memory_actor`) so every process
+sees the same data; it is lost with the cluster.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Sequence
+
+from choreography_ray.errors import ConcurrencyError, DuplicateRecordError
+from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
+
+
+class MemoryStorage:
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self.jobs: dict[str, JobState] = {}
+        self.steps: dict[str, dict[str, StepState]] = {}
+        self._sorted_ids: dict[str, list[str]] = {}
+        self.counted: dict[tuple[str, CountedKind], dict[str, None]] = {}
+        self.keys: dict[JobsManagerKey, None] = {}
+
+    async def create_job(self, job: JobState) -> JobState:
+        if job.id in self.jobs:
+            raise DuplicateRecordError(f"job {job.id!r} exists already")
+        stored = job.model_copy(update={"version": 1})
+        self.jobs[job.id] = stored
+        return stored
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        return self.jobs.get(job_id)
+
+    async def save_job(self, job: JobState) -> JobState:
+        current = self.jobs.get(job.id)
+        if current is None or current.version != job.version:
+            found = "no record" if current is None else f"version {current.version}"
+            raise ConcurrencyError(f"job {job.id!r} is at {found}, not {job.version}")
+        stored = job.model_copy(
+            update={"version": job.version + 1, "completed_steps_counted": (),
+                    "stopped_steps_counted": ()}
+        )
+        self.jobs[job.id] = stored
+        return stored
+
+    async def list_jobs(
+        self, scope: str, namespace: str, status: JobStatus | None = None
+    ) -> list[JobState]:
+        return [
+            j
+            for j in self.jobs.values()
+            if j.scope == scope and j.namespace == namespace and (status is None or j.status == status)
+        ]
+
+    async def get_jobs_excluding_finalized_stops(
+        self, scope: str, namespace: str
+    ) -> list[JobState]:
+        jobs = [
+            j
+            for j in await self.list_jobs(scope, namespace)
+            if not (j.status == JobStatus.STOPPED and j.stop_finalized)
+        ]
+        return sorted(jobs, key=lambda j: j.created)
+
+    async def remove_job(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+
+    async def insert_steps(self, steps: Sequence[StepState]) -> None:
+        for step in steps:
+            if step.step_id in self.steps.get(step.job_id, {}):
+                raise DuplicateRecordError(f"step {step.key!r} exists already")
+        for step in steps:
+            self.steps.setdefault(step.job_id, {})[step.step_id] = step
+            self._sorted_ids.pop(step.job_id, None)
+
+    async def get_step(self, job_id: str, step_id: str) -> StepState | None:
+        return self.steps.get(job_id, {}).get(step_id)
+
+    async def list_steps(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StepState]:
+        steps = self.steps.get(job_id, {})
+        ids = self._sorted_ids.get(job_id)
+        if ids is None:
+            ids = self._sorted_ids[job_id] = sorted(steps)
+        start = 0 if after is None else bisect.bisect_right(ids, after)
+        page: list[StepState] = []
+        for step_id in ids[start:]:
+            step = steps.get(step_id)
+            if step is None or (statuses is not None and step.status not in statuses):
+                continue
+            if stage is not None and step.stage != stage:
+                continue
+            page.append(step)
+            if len(page) >= limit:
+                break
+        return page
+
+    async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
+        now = utcnow()
+        for u in updates:
+            steps = self.steps.get(u.job_id, {})
+            step = steps.get(u.step_id)
+            if step is None:
+                continue
+            changes = step.status_changes if u.change is None else (*step.status_changes, u.change)
+            steps[u.step_id] = step.model_copy(
+                update={"status": u.status, "attempt": u.attempt, "lease": u.lease,
+                        "status_changes": changes, "updated": now}
+            )
+
+    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+        steps = self.steps.get(job_id, {})
+        for step_id in step_ids:
+            steps.pop(step_id, None)
+
+    async def count_by_status(self, job_id: str) -> StatusCounts:
+        counts: StatusCounts = {}
+        for step in self.steps.get(job_id, {}).values():
+            key = (step.stage, step.status)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    async def remove_job_steps(self, job_id: str) -> None:
+        self.steps.pop(job_id, None)
+        self._sorted_ids.pop(job_id, None)
+
+    async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
+        self.counted.setdefault((job_id, kind), {}).update(dict.fromkeys(step_ids))
+
+    async def remove_counted(self, job_id: str, kind: CountedKind, step_id: str) -> None:
+        self.counted.get((job_id, kind), {}).pop(step_id, None)
+
+    async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]:
+        return sorted(self.counted.get((job_id, kind), {}))
+
+    async def count_counted(self, job_id: str, kind: CountedKind) -> int:
+        return len(self.counted.get((job_id, kind), {}))
+
+    async def remove_job_counted(self, job_id: str) -> None:
+        for kind in CountedKind:
+            self.counted.pop((job_id, kind), None)
+
+    async def add_manager_key(self, key: JobsManagerKey) -> None:
+        self.keys[key] = None
+
+    async def list_manager_keys(self) -> list[JobsManagerKey]:
+        return list(self.keys)
+
+    async def close(self) -> None:
+        return None
