@@ -1,5 +1,6 @@
 """choreography_ray: a durable job system for large fan-out on Ray."""
 
+from choreography_ray.client import AsyncJobsManager, Jobs, JobsManager, StartedJob
 from choreography_ray.errors import (
     CannotResumeJobError,
     ChoreographyError,
@@ -20,6 +21,7 @@ from choreography_ray.errors import (
     StorageUnavailableError,
     TypeImportError,
 )
+from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import (
     JobProgress,
     JobsManagerKey,
@@ -31,10 +33,12 @@ from choreography_ray.model import (
 )
 from choreography_ray.options import JobsOptions
 from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
+from choreography_ray.step import JobStep, StepContext, StepResult
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncJobsManager",
     "CannotResumeJobError",
     "ChoreographyError",
     "ConcurrencyError",
@@ -42,13 +46,17 @@ __all__ = [
     "DuplicateRecordError",
     "IllegalTransitionError",
     "InvalidRequestError",
+    "Job",
     "JobLookupError",
     "JobOperationError",
     "JobProgress",
     "JobStageFailureBehavior",
     "JobState",
     "JobStatus",
+    "JobStep",
     "JobTimeoutError",
+    "Jobs",
+    "JobsManager",
     "JobsManagerKey",
     "JobsOptions",
     "Lease",
@@ -57,7 +65,11 @@ __all__ = [
     "RetryFailedStepsError",
     "StageProgress",
     "StartJobError",
+    "StartedJob",
     "StatusChange",
+    "StepContext",
+    "StepResult",
+    "StepSpec",
     "StepState",
     "StepStatus",
     "StopJobError",

@@ -98,7 +98,9 @@ class JobOperationError(ChoreographyError):
     def __init__(self, error: OperationErrorCode, message: str = "") -> None:
         self.error = error
         self.message = message
-        super().__init__(f"{type(error).__name__}.{error.name}" + (f": {message}" if message else ""))
+        super().__init__(
+            f"{type(error).__name__}.{error.name}" + (f": {message}" if message else "")
+        )
 
     def __reduce__(self) -> tuple[type[JobOperationError], tuple[OperationErrorCode, str]]:
         return JobOperationError, (self.error, self.message)

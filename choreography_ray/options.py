@@ -60,6 +60,12 @@ class JobsOptions(BaseModel):
     step_batch_size: int = Field(default=512, ge=1)
     #: How long a step host gathers writes before one bulk write (group commit).
     group_commit_delay: Duration = timedelta(milliseconds=5)
+    #: An async `perform` that holds the event loop longer than this without awaiting is
+    #: recorded as failed when it ends; zero turns the check off.
+    step_event_loop_block_limit: Duration = timedelta(seconds=5)
+    #: How often a job saves its progress while steps report (progress is a cache; the watchdog
+    #: recounts from storage).
+    progress_save_interval: Duration = timedelta(milliseconds=250)
 
     @property
     def effective_max_step_attempts(self) -> int:

@@ -36,7 +36,11 @@ class JobStatus(enum.StrEnum):
 
     @property
     def is_preparing(self) -> bool:
-        return self in (JobStatus.PREPARING_JOB, JobStatus.PREPARING_STEPS, JobStatus.STARTING_STEPS)
+        return self in (
+            JobStatus.PREPARING_JOB,
+            JobStatus.PREPARING_STEPS,
+            JobStatus.STARTING_STEPS,
+        )
 
 
 _TERMINAL_JOB = frozenset(

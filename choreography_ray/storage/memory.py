@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Collection, Sequence
+from typing import TypeVar
 
-from choreography_ray.errors import ConcurrencyError, DuplicateRecordError
+from choreography_ray.errors import ConcurrencyError, CorruptRecordError, DuplicateRecordError
 from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
@@ -33,7 +34,7 @@ class MemoryStorage:
         return stored
 
     async def get_job(self, job_id: str) -> JobState | None:
-        return self.jobs.get(job_id)
+        return _checked(self.jobs.get(job_id), JobState, "jobs", job_id)
 
     async def save_job(self, job: JobState) -> JobState:
         current = self.jobs.get(job.id)
@@ -41,8 +42,11 @@ class MemoryStorage:
             found = "no record" if current is None else f"version {current.version}"
             raise ConcurrencyError(f"job {job.id!r} is at {found}, not {job.version}")
         stored = job.model_copy(
-            update={"version": job.version + 1, "completed_steps_counted": (),
-                    "stopped_steps_counted": ()}
+            update={
+                "version": job.version + 1,
+                "completed_steps_counted": (),
+                "stopped_steps_counted": (),
+            }
         )
         self.jobs[job.id] = stored
         return stored
@@ -53,7 +57,9 @@ class MemoryStorage:
         return [
             j
             for j in self.jobs.values()
-            if j.scope == scope and j.namespace == namespace and (status is None or j.status == status)
+            if j.scope == scope
+            and j.namespace == namespace
+            and (status is None or j.status == status)
         ]
 
     async def get_jobs_excluding_finalized_stops(
@@ -78,7 +84,8 @@ class MemoryStorage:
             self._sorted_ids.pop(step.job_id, None)
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
-        return self.steps.get(job_id, {}).get(step_id)
+        step = self.steps.get(job_id, {}).get(step_id)
+        return _checked(step, StepState, "job_steps", f"{job_id}/{step_id}")
 
     async def list_steps(
         self,
@@ -115,8 +122,13 @@ class MemoryStorage:
                 continue
             changes = step.status_changes if u.change is None else (*step.status_changes, u.change)
             steps[u.step_id] = step.model_copy(
-                update={"status": u.status, "attempt": u.attempt, "lease": u.lease,
-                        "status_changes": changes, "updated": now}
+                update={
+                    "status": u.status,
+                    "attempt": u.attempt,
+                    "lease": u.lease,
+                    "status_changes": changes,
+                    "updated": now,
+                }
             )
 
     async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
@@ -159,3 +171,14 @@ class MemoryStorage:
 
     async def close(self) -> None:
         return None
+
+
+_R = TypeVar("_R", JobState, StepState)
+
+
+def _checked(record: object, model: type[_R], collection: str, key: str) -> _R | None:
+    """`record`, unless something other than a `model` was stored under `key` (as a test does
+    to inject a corrupt record)."""
+    if record is None or isinstance(record, model):
+        return record
+    raise CorruptRecordError(collection, key, f"not a {model.__name__}: {record!r:.80}")

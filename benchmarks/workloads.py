@@ -1,0 +1,45 @@
+"""The job the benchmarks run: N steps, optional stages, simulated work and failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import BaseModel
+
+import choreography_ray as cr
+
+
+class BenchItem(BaseModel):
+    fail: bool = False
+    ms: float = 0.0
+
+
+class BenchStep(cr.JobStep[BenchItem]):
+    async def perform(self, request: BenchItem, context: cr.StepContext) -> cr.StepResult:
+        if request.ms:
+            await asyncio.sleep(request.ms / 1000)
+        return cr.StepResult.failed("simulated failure") if request.fail else cr.StepResult.succeeded()
+
+
+class BenchRequest(BaseModel):
+    steps: int
+    stages: int = 1
+    fail_rate: float = 0.0
+    step_ms: float = 0.0
+
+
+class BenchJob(cr.Job[BenchRequest]):
+    def get_failure_behavior_for(self, stage: int) -> cr.JobStageFailureBehavior:
+        return cr.JobStageFailureBehavior.CONTINUE_WITH_NEXT_STAGE
+
+    def prepare_steps(self, request: BenchRequest) -> list[cr.StepSpec]:
+        every = round(1 / request.fail_rate) if request.fail_rate else 0
+        per_stage = -(-request.steps // request.stages)
+        return [
+            self.create_step(
+                BenchStep,
+                BenchItem(fail=bool(every) and i % every == every - 1, ms=request.step_ms),
+                stage=i // per_stage,
+            )
+            for i in range(request.steps)
+        ]

@@ -1,0 +1,202 @@
+"""`Jobs.connect`, and the sync and async clients of a jobs manager.
+
+The async client is the core; the sync one runs the same coroutines to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import ray
+from pydantic import BaseModel
+
+from choreography_ray.errors import JobTimeoutError, StartJobError
+from choreography_ray.job import Job
+from choreography_ray.model import JobState, StepState
+from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.manager import JobsManagerActor
+from choreography_ray.runtime.names import DEFAULT_NAMESPACE, actor_options, manager_name
+from choreography_ray.status import JobStatus
+from choreography_ray.types import type_path
+
+T = TypeVar("T")
+
+#: Statuses `wait` returns at.
+SETTLED = frozenset(
+    {JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED,
+     JobStatus.STOPPED}
+)
+
+
+def default_storage_url() -> str:
+    """`CHOREOGRAPHY_STORAGE`, else an SQLite file under the user's data directory."""
+    url = os.environ.get("CHOREOGRAPHY_STORAGE")
+    if url:
+        return url
+    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+    return f"sqlite:///{base / 'choreography-ray' / 'jobs.db'}"
+
+
+@dataclass(frozen=True, slots=True)
+class StartedJob:
+    job_id: str
+    #: None, or the start error of the first stage (the job exists and runs anyway).
+    error: StartJobError | None = None
+
+
+class AsyncJobsManager:
+    """The jobs manager of one (scope, namespace), with `async` methods."""
+
+    def __init__(self, handle: Any, scope: str, namespace: str) -> None:
+        self._handle = handle
+        self.scope = scope
+        self.namespace = namespace
+
+    async def start(self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]) -> StartedJob:
+        payload = request.model_dump(mode="json") if isinstance(request, BaseModel) else request
+        job_id, error = await self._handle.start.remote(type_path(job_type), payload)
+        return StartedJob(job_id, error)
+
+    async def get(self, job_id: str) -> JobState:
+        state: JobState = await self._handle.get.remote(job_id)
+        return state
+
+    async def list(self, status: JobStatus | None = None) -> list[JobState]:
+        jobs: list[JobState] = await self._handle.list.remote(status)
+        return jobs
+
+    async def steps(self, job_id: str) -> list[StepState]:
+        steps: list[StepState] = await self._handle.steps.remote(job_id)
+        return steps
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> JobState:
+        """Returns at a terminal or stopped status; `JobTimeoutError` after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            state: JobState = await self._handle.status.remote(job_id)
+            if state.status in SETTLED:
+                return await self.get(job_id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeoutError(f"job {job_id} is still {state.status} after {timeout} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    async def stop(self, job_id: str) -> None:
+        await self._handle.operate.remote(job_id, "stop")
+
+    async def resume(self, job_id: str) -> None:
+        await self._handle.operate.remote(job_id, "resume")
+
+    async def remove(self, job_id: str) -> None:
+        await self._handle.operate.remote(job_id, "remove")
+
+    async def retry_failed_steps(self, job_id: str) -> int:
+        count: int = await self._handle.operate.remote(job_id, "retry_failed_steps")
+        return count
+
+    async def rehydrate(self) -> list[str]:
+        """Loads the interrupted jobs and returns their ids; they resume in the background."""
+        ids: list[str] = await self._handle.rehydrate.remote()
+        return ids
+
+
+class JobsManager:
+    """The sync client: each method runs its async twin to completion."""
+
+    def __init__(self, inner: AsyncJobsManager) -> None:
+        self._inner = inner
+        self.scope = inner.scope
+        self.namespace = inner.namespace
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run(coro)
+
+    def start(self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]) -> StartedJob:
+        return self._run(self._inner.start(job_type, request))
+
+    def get(self, job_id: str) -> JobState:
+        return self._run(self._inner.get(job_id))
+
+    def list(self, status: JobStatus | None = None) -> list[JobState]:
+        return self._run(self._inner.list(status))
+
+    def steps(self, job_id: str) -> list[StepState]:
+        return self._run(self._inner.steps(job_id))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobState:
+        return self._run(self._inner.wait(job_id, timeout))
+
+    def stop(self, job_id: str) -> None:
+        self._run(self._inner.stop(job_id))
+
+    def resume(self, job_id: str) -> None:
+        self._run(self._inner.resume(job_id))
+
+    def remove(self, job_id: str) -> None:
+        self._run(self._inner.remove(job_id))
+
+    def retry_failed_steps(self, job_id: str) -> int:
+        return self._run(self._inner.retry_failed_steps(job_id))
+
+    def rehydrate(self) -> list[str]:
+        return self._run(self._inner.rehydrate())
+
+
+class Jobs:
+    """A connection to the job system on a Ray cluster. Use `Jobs.connect(...)`."""
+
+    def __init__(self, storage: str, options: JobsOptions, namespace: str, owns_ray: bool) -> None:
+        self.storage = storage
+        self.options = options
+        self.namespace = namespace
+        self._owns_ray = owns_ray
+
+    @classmethod
+    def connect(
+        cls,
+        storage: str | None = None,
+        options: JobsOptions | None = None,
+        address: str | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> Jobs:
+        """Joins the Ray cluster at `address` (or starts a local one, as `ray.init` does)."""
+        owns_ray = False
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=namespace, logging_level="WARNING",
+                     log_to_driver=True, configure_logging=True)
+            owns_ray = True
+        return cls(storage or default_storage_url(), options or JobsOptions(), namespace, owns_ray)
+
+    def _manager_handle(self, scope: str, namespace: str) -> Any:
+        return JobsManagerActor.options(  # type: ignore[attr-defined]
+            **actor_options(manager_name(scope, namespace), self.namespace)
+        ).remote(scope, namespace, self.storage, self.options.model_dump_json(), self.namespace)
+
+    def async_manager(self, scope: str, namespace: str) -> AsyncJobsManager:
+        return AsyncJobsManager(self._manager_handle(scope, namespace), scope, namespace)
+
+    def manager(self, scope: str, namespace: str) -> JobsManager:
+        return JobsManager(self.async_manager(scope, namespace))
+
+    def close(self) -> None:
+        if self._owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> Jobs:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

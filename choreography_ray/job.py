@@ -1,0 +1,83 @@
+"""The user's job type: `Job`, its plan (`StepSpec`) and its hooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, ClassVar, Generic
+
+from pydantic import BaseModel
+
+from choreography_ray.status import JobStageFailureBehavior
+from choreography_ray.step import JobStep, RequestT, StepResult, request_type_of
+from choreography_ray.types import type_path
+
+if TYPE_CHECKING:
+    from choreography_ray.options import JobsOptions
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    """One step of a plan, made by `Job.create_step`."""
+
+    step_type: str
+    request: BaseModel
+    stage: int = 0
+
+
+class Job(Generic[RequestT]):
+    """A job type. Override `prepare_steps`; every other hook is optional.
+
+    The runtime sets `job_id`, `scope`, `namespace` and `options` before calling a hook.
+    """
+
+    #: Steps running at once for this job type; None uses `JobsOptions.max_active_steps_per_job`.
+    max_active_steps: ClassVar[int | None] = None
+    #: Whether `retry_failed_steps` may run this job's failed steps again.
+    can_retry_failed_steps: ClassVar[bool] = False
+
+    job_id: str
+    scope: str
+    namespace: str
+    options: JobsOptions
+
+    def prepare_steps(self, request: RequestT) -> list[StepSpec]:
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement prepare_steps")
+
+    def create_step(
+        self, step_type: type[JobStep[BaseModel]] | type, request: BaseModel, stage: int = 0
+    ) -> StepSpec:
+        return StepSpec(step_type=type_path(step_type), request=request, stage=stage)
+
+    def get_failure_behavior_for(self, stage: int) -> JobStageFailureBehavior:
+        return JobStageFailureBehavior.STOP_JOB
+
+    def should_retry_step(self, step_id: str, result: StepResult, attempt: int) -> bool:
+        return True
+
+    def get_step_retry_delay(self, failed_attempt: int) -> timedelta:
+        """`step_retry_backoff` before the second attempt, doubling up to the maximum."""
+        delay = self.options.step_retry_backoff * (2 ** max(0, failed_attempt - 1))
+        return min(delay, self.options.max_step_retry_backoff)
+
+    async def on_before_resuming_job_steps(self) -> None:
+        return None
+
+    async def on_stopped(self) -> None:
+        return None
+
+    async def on_completed(self) -> None:
+        return None
+
+    async def admit_stage(self, stage: int) -> bool:
+        return True
+
+    def get_active_silos(self) -> set[str]:
+        """The Ray node ids that are alive: the owners a lease may belong to."""
+        from choreography_ray.runtime.membership import alive_nodes
+
+        return alive_nodes()
+
+    @classmethod
+    def request_type(cls) -> type[BaseModel]:
+        return request_type_of(cls, Job)

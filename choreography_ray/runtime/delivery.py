@@ -1,0 +1,72 @@
+"""Outcome delivery from a step host to its job, with the spec's retry.
+
+Deliveries to one job go in batches. A failed delivery waits `step_delivery_retry_delay`,
+doubling up to `max_step_delivery_retry_delay`, for at most `step_delivery_max_attempts`
+deliveries; then the outcome, already persisted, is left to the job's watchdog. A removal's stop
+report has no attempt limit: it goes on until the job answers or no longer exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import ray
+
+from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.messages import Outcome
+from choreography_ray.runtime.names import job_name
+
+log = logging.getLogger(__name__)
+
+#: Injected in tests to drop deliveries on purpose: returns True to drop a batch.
+DropFilter = Callable[[str, Sequence[Outcome]], bool]
+
+
+class Delivery:
+    def __init__(
+        self,
+        options: JobsOptions,
+        namespace: str,
+        job_exists: Callable[[str], Awaitable[bool]],
+    ) -> None:
+        self._options = options
+        self._namespace = namespace
+        self._job_exists = job_exists
+        self._handles: dict[str, ray.actor.ActorHandle] = {}
+        self.drop: DropFilter | None = None
+
+    async def deliver(
+        self, job_id: str, outcomes: Sequence[Outcome], *, unlimited: bool = False
+    ) -> bool:
+        """Delivers until acknowledged; False when it gave up (or the job is gone)."""
+        delay = self._options.step_delivery_retry_delay.total_seconds()
+        longest = self._options.max_step_delivery_retry_delay.total_seconds()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if self.drop is not None and self.drop(job_id, outcomes):
+                    raise ConnectionError("delivery dropped on purpose")
+                await self._handle(job_id).report_outcomes.remote(list(outcomes))
+                return True
+            except Exception as error:
+                self._handles.pop(job_id, None)
+                if not await self._job_exists(job_id):
+                    return False
+                if not unlimited and attempt >= self._options.step_delivery_max_attempts:
+                    log.warning(
+                        "gave up delivering %d outcomes to job %s after %d attempts (%s); "
+                        "the watchdog settles them", len(outcomes), job_id, attempt, error,
+                    )
+                    return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+
+    def _handle(self, job_id: str) -> ray.actor.ActorHandle:
+        handle = self._handles.get(job_id)
+        if handle is None:
+            handle = ray.get_actor(job_name(job_id), namespace=self._namespace)
+            self._handles[job_id] = handle
+        return handle

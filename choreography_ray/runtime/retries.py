@@ -1,0 +1,67 @@
+"""Step retries: the decision and the schedule, kept in the job actor's memory.
+
+The schedule is not durable: after the job actor is reactivated, a failed attempt that was
+waiting for its retry is final (the spec's caution). While the resume hook is owed, due attempts
+wait; a stop or removal counts pending attempts as failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from choreography_ray.job import Job
+from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.messages import Outcome, StepStart
+from choreography_ray.status import StepStatus
+from choreography_ray.step import StepResult
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDecision:
+    """A failed attempt's fate: retry after `delay` seconds, or count it as failed."""
+
+    retry: bool
+    delay: float = 0.0
+
+
+def decide(job: Job[object], options: JobsOptions, outcome: Outcome) -> RetryDecision:  # type: ignore[type-var]
+    if outcome.attempt >= options.effective_max_step_attempts:
+        return RetryDecision(retry=False)
+    result = StepResult(success=False, message=outcome.message)
+    if not job.should_retry_step(outcome.step_id, result, outcome.attempt):
+        return RetryDecision(retry=False)
+    return RetryDecision(True, job.get_step_retry_delay(outcome.attempt).total_seconds())
+
+
+class RetrySchedule:
+    def __init__(self) -> None:
+        #: step id -> (monotonic due time, the next attempt)
+        self.pending: dict[str, tuple[float, StepStart]] = {}
+
+    def schedule(self, failed: StepStart, delay: float) -> None:
+        self.pending[failed.step_id] = (
+            time.monotonic() + delay,
+            failed._replace(attempt=failed.attempt + 1),
+        )
+
+    def take_due(self) -> list[StepStart]:
+        now = time.monotonic()
+        due = [start for at, start in self.pending.values() if at <= now]
+        for start in due:
+            del self.pending[start.step_id]
+        return due
+
+    def next_due_in(self) -> float | None:
+        if not self.pending:
+            return None
+        return max(0.0, min(at for at, _ in self.pending.values()) - time.monotonic())
+
+    def drain(self) -> list[StepStart]:
+        """Every pending attempt, removed (a stop counts them as failed)."""
+        starts = [start for _, start in self.pending.values()]
+        self.pending.clear()
+        return starts
+
+
+FAILED_STATUSES = (StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE)

@@ -1,0 +1,46 @@
+"""Storage as the actors see it: `memory://` is held by one named actor so every process
+sees the same data; every other URL is opened by each process itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from choreography_ray.runtime.names import actor_options, memory_storage_name
+from choreography_ray.storage import Storage, open_storage
+from choreography_ray.storage.memory import MemoryStorage
+
+
+@ray.remote
+class MemoryStorageActor:
+    def __init__(self) -> None:
+        self.storage = MemoryStorage()
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self.storage, method)(*args, **kwargs)
+
+
+class _RemoteStorage:
+    """Forwards every protocol call to the memory actor."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.url = url
+        self._actor = MemoryStorageActor.options(  # type: ignore[attr-defined]
+            **actor_options(memory_storage_name(url), namespace, max_restarts=0)
+        ).remote()
+
+    def __getattr__(self, method: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self._actor.call.remote(method, *args, **kwargs)
+
+        return call
+
+    async def close(self) -> None:
+        return None
+
+
+def open_shared_storage(url: str, namespace: str) -> Storage:
+    if url.lower().startswith("memory:"):
+        return _RemoteStorage(url, namespace)  # type: ignore[return-value]
+    return open_storage(url)

@@ -1,0 +1,101 @@
+"""Stages: the plan's stage layout, per-stage counters, and the recount from storage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from choreography_ray.model import JobProgress, StageProgress
+from choreography_ray.status import StepStatus
+from choreography_ray.storage import StatusCounts
+
+
+@dataclass(slots=True)
+class StageCounter:
+    """A stage's counters while the job runs: a cache of what storage holds."""
+
+    stage: int
+    total: int
+    is_started: bool = False
+    successful: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    stopped: int = 0
+
+    @property
+    def is_completed(self) -> bool:
+        return self.successful + self.failed + self.unreachable >= self.total
+
+    @property
+    def has_failures(self) -> bool:
+        return self.failed + self.unreachable > 0
+
+
+class Stages:
+    """The stages of a plan in the order they run (by value; gaps are harmless)."""
+
+    def __init__(self, counters: list[StageCounter]) -> None:
+        self.counters = {c.stage: c for c in sorted(counters, key=lambda c: c.stage)}
+
+    @classmethod
+    def from_totals(cls, totals: dict[int, int]) -> Stages:
+        return cls([StageCounter(stage, total) for stage, total in totals.items()])
+
+    @classmethod
+    def from_progress(cls, progress: JobProgress) -> Stages:
+        return cls(
+            [
+                StageCounter(s.stage, s.total_steps, s.is_started, s.successful_steps,
+                             s.failed_steps, s.unreachable_steps, s.stopped_steps)
+                for s in progress.stages
+            ]
+        )
+
+    @property
+    def has_stages(self) -> bool:
+        """Stages exist only when the plan has more than one distinct stage value."""
+        return len(self.counters) > 1
+
+    def first(self) -> int:
+        return next(iter(self.counters), 0)
+
+    def after(self, stage: int) -> list[int]:
+        return [s for s in self.counters if s > stage]
+
+    def next_after(self, stage: int) -> int | None:
+        later = self.after(stage)
+        return later[0] if later else None
+
+    def __getitem__(self, stage: int) -> StageCounter:
+        return self.counters[stage]
+
+    def progress(self) -> JobProgress:
+        stages = tuple(
+            StageProgress(stage=c.stage, is_started=c.is_started, total_steps=c.total,
+                          successful_steps=c.successful, failed_steps=c.failed,
+                          unreachable_steps=c.unreachable, stopped_steps=c.stopped)
+            for c in self.counters.values()
+        )
+        return JobProgress(
+            total_steps=sum(c.total for c in self.counters.values()),
+            successful_steps=sum(c.successful for c in self.counters.values()),
+            failed_steps=sum(c.failed for c in self.counters.values()),
+            stopped_steps=sum(c.stopped for c in self.counters.values()),
+            unreachable_steps=sum(c.unreachable for c in self.counters.values()),
+            stages=stages,
+        )
+
+    def recount(self, counts: StatusCounts) -> None:
+        """Counters from storage: a succeeded step is no longer stored; FAILED and
+        COMPLETED_WITH_FAILURE count as failed."""
+        for counter in self.counters.values():
+            stored = {status: n for (stage, status), n in counts.items() if stage == counter.stage}
+            counter.failed = stored.get(StepStatus.FAILED, 0) + stored.get(
+                StepStatus.COMPLETED_WITH_FAILURE, 0
+            )
+            counter.unreachable = stored.get(StepStatus.UNREACHABLE, 0)
+            counter.stopped = stored.get(StepStatus.STOPPED, 0)
+            counter.successful = counter.total - sum(stored.values())
+
+
+#: Stored statuses of a step that has not reached an outcome yet.
+UNFINISHED = (StepStatus.RUNNING, StepStatus.SCHEDULED, StepStatus.STOPPED, StepStatus.REMOVING)

@@ -1,0 +1,278 @@
+"""The step host: a named actor per node and CPU slot that activates many steps at once.
+
+A step's flow here: `start_steps` persists RUNNING (+ lease) for the whole batch in one group
+commit and returns; each `perform` then runs (coroutines on this event loop, sync code in the
+thread pool); outcomes are persisted in one group commit (a success deletes its record) and only
+then delivered to the job, in batches. A dedicated step actor is the same class hosting one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from choreography_ray.model import Lease, StatusChange, utcnow
+from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.delivery import Delivery
+from choreography_ray.runtime.driver import SliceDriver
+from choreography_ray.runtime.group_commit import GroupCommit
+from choreography_ray.runtime.messages import Outcome, StepStart
+from choreography_ray.runtime.shared_storage import open_shared_storage
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.step import JobStep, StepContext, StepResult
+from choreography_ray.storage import StepUpdate
+from choreography_ray.types import import_type
+
+log = logging.getLogger(__name__)
+
+_RUNNING_CHANGE_STATUS = StepStatus.RUNNING
+
+
+class StepHostCore:
+    """Everything of the step host but the Ray actor shell, so it can be driven in-process."""
+
+    def __init__(self, storage_url: str, options_json: str, namespace: str) -> None:
+        self.options = JobsOptions.model_validate_json(options_json)
+        self.storage = open_shared_storage(storage_url, namespace)
+        self.commit = GroupCommit(self.storage, self.options.group_commit_delay.total_seconds())
+        self.delivery = Delivery(self.options, namespace, self._job_exists)
+        self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
+        self.removing_jobs: set[str] = set()
+        self._outbox: defaultdict[str, list[Outcome]] = defaultdict(list)
+        self._outbox_scheduled = False
+        self._room = asyncio.Condition()
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="step")
+        self._silo = ray.get_runtime_context().get_node_id()
+        self._activation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
+        self._tasks: set[asyncio.Future[Any]] = set()
+        lease = self.options.lease_seconds
+        if lease is not None:
+            self._spawn(self._renew_leases(lease / 3))
+
+    def lease(self) -> Lease | None:
+        if self.options.lease_seconds is None:
+            return None
+        return Lease(silo=self._silo, activation=self._activation, heartbeat=utcnow())
+
+    async def start_steps(self, job_id: str, steps: Sequence[StepStart]) -> int:
+        """Persists RUNNING for the batch, starts every step, and returns how many started.
+        Waits while the host is at capacity, which throttles the caller's start operations."""
+        async with self._room:
+            await self._room.wait_for(
+                lambda: not self.running
+                or len(self.running) + len(steps) <= self.options.step_host_capacity
+            )
+            for step in steps:
+                self.running[(job_id, step.step_id)] = (
+                    StepContext(job_id, step.step_id, step.stage, step.attempt),
+                    None,
+                )
+        change = StatusChange(status=_RUNNING_CHANGE_STATUS)
+        lease = self.lease()
+        try:
+            await self.commit.write(
+                [StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
+                 for s in steps]
+            )
+        except BaseException:
+            for step in steps:
+                self.running.pop((job_id, step.step_id), None)
+            raise
+        for step in steps:
+            self._launch(job_id, step)
+        return len(steps)
+
+    def _launch(self, job_id: str, step: StepStart) -> None:
+        key = (job_id, step.step_id)
+        context = self.running[key][0]
+        try:
+            step_type = import_type(step.type, self.options.allowed_type_prefixes)
+            if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
+                raise TypeError(f"{step.type} is not a JobStep")
+            request = step_type.request_type().model_validate(step.request)
+            perform = step_type().perform
+            if inspect.iscoroutinefunction(perform):
+                driver = SliceDriver(perform(request, context))
+                done, out = driver.step()
+                if done:
+                    self._finish(job_id, step, out, None, driver)
+                    return
+                task: asyncio.Future[Any] = asyncio.ensure_future(driver.finish(out))
+            else:
+                driver = None
+                task = asyncio.get_running_loop().run_in_executor(
+                    self._pool, perform, request, context
+                )
+        except Exception as error:
+            self._finish(job_id, step, None, error, None)
+            return
+        self.running[key] = (context, task)
+        task.add_done_callback(lambda t: self._finish_task(job_id, step, t, driver))
+
+    def _finish_task(
+        self, job_id: str, step: StepStart, task: asyncio.Future[Any], driver: SliceDriver | None
+    ) -> None:
+        if task.cancelled():
+            self._finish(job_id, step, None, asyncio.CancelledError(), driver)
+        else:
+            self._finish(job_id, step, task.result() if task.exception() is None else None,
+                         task.exception(), driver)
+
+    def _finish(
+        self,
+        job_id: str,
+        step: StepStart,
+        result: Any,
+        error: BaseException | None,
+        driver: SliceDriver | None,
+    ) -> None:
+        entry = self.running.get((job_id, step.step_id))
+        cancelled = entry is not None and entry[0].is_cancelled
+        outcome = _outcome(step, result, error, cancelled, driver, self.options)
+        if job_id in self.removing_jobs:
+            outcome = outcome._replace(status=StepStatus.STOPPED)
+        self._outbox[job_id].append(outcome)
+        if not self._outbox_scheduled:
+            self._outbox_scheduled = True
+            asyncio.get_running_loop().call_soon(self._spawn_flush)
+
+    def _spawn_flush(self) -> None:
+        self._outbox_scheduled = False
+        outbox, self._outbox = self._outbox, defaultdict(list)
+        self._spawn(self._persist_and_deliver(outbox))
+
+    async def _persist_and_deliver(self, outbox: dict[str, list[Outcome]]) -> None:
+        updates: list[StepUpdate] = []
+        deletes: list[tuple[str, str]] = []
+        for job_id, outcomes in outbox.items():
+            for o in outcomes:
+                if o.status is StepStatus.COMPLETED_SUCCESSFULLY:
+                    deletes.append((job_id, o.step_id))
+                else:
+                    messages = () if o.message is None else (o.message,)
+                    change = StatusChange(status=o.status, exception_messages=messages)
+                    updates.append(StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change))
+        while True:
+            try:
+                await self.commit.write(updates, deletes)
+                break
+            except Exception:
+                # Persist, then deliver: an outcome that is not stored is not reported.
+                log.exception("could not persist %d outcomes; retrying", len(updates) + len(deletes))
+                await asyncio.sleep(1.0)
+        async with self._room:
+            for job_id, outcomes in outbox.items():
+                for o in outcomes:
+                    self.running.pop((job_id, o.step_id), None)
+            self._room.notify_all()
+        await asyncio.gather(*(self._deliver(job_id, o) for job_id, o in outbox.items()))
+
+    async def _deliver(self, job_id: str, outcomes: list[Outcome]) -> None:
+        removing = job_id in self.removing_jobs
+        delivered = await self.delivery.deliver(job_id, outcomes, unlimited=removing)
+        if removing and delivered:
+            # The job has stored its stop: a removed step deletes its own record.
+            await self.commit.write(deletes=[(job_id, o.step_id) for o in outcomes])
+
+    async def cancel_steps(self, job_id: str, removing: bool) -> int:
+        """Tells every running step of the job to stop; returns how many were told."""
+        if removing:
+            self.removing_jobs.add(job_id)
+        told = 0
+        for (owner, _), (context, _task) in list(self.running.items()):
+            if owner == job_id:
+                context.cancel()
+                told += 1
+        return told
+
+    def running_steps(self, job_id: str) -> list[str]:
+        return [step_id for (owner, step_id) in self.running if owner == job_id]
+
+    async def _job_exists(self, job_id: str) -> bool:
+        job = await self.storage.get_job(job_id)
+        return job is not None and not job.status.is_terminal and not (
+            job.status is JobStatus.STOPPED and job.stop_finalized
+        )
+
+    async def _renew_leases(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            lease = self.lease()
+            updates = [
+                StepUpdate(job_id, context.step_id, StepStatus.RUNNING, context.attempt, lease)
+                for (job_id, _), (context, _task) in list(self.running.items())
+            ]
+            if updates:
+                with contextlib.suppress(Exception):
+                    await self.commit.write(updates)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _outcome(
+    step: StepStart,
+    result: Any,
+    error: BaseException | None,
+    cancelled: bool,
+    driver: SliceDriver | None,
+    options: JobsOptions,
+) -> Outcome:
+    limit = options.step_event_loop_block_limit.total_seconds()
+    if driver is not None and limit > 0 and driver.longest_slice > limit:
+        return Outcome(step.step_id, step.attempt, StepStatus.FAILED,
+                       f"perform blocked the event loop for {driver.longest_slice:.2f} s "
+                       f"(limit {limit:g} s): await instead of blocking, or make perform sync")
+    if error is not None:
+        if cancelled or isinstance(error, asyncio.CancelledError):
+            return Outcome(step.step_id, step.attempt, StepStatus.STOPPED)
+        return Outcome(step.step_id, step.attempt, StepStatus.FAILED,
+                       f"{type(error).__name__}: {error}")
+    if not isinstance(result, StepResult):
+        return Outcome(step.step_id, step.attempt, StepStatus.FAILED,
+                       f"perform returned {type(result).__name__}, not a StepResult")
+    if result.success:
+        return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
+    return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_WITH_FAILURE, result.message)
+
+
+@ray.remote
+class StepHost:
+    """`step-host/{node_id}/{n}`, or a dedicated `step/{job_id}/{step_id}` actor."""
+
+    def __init__(self, storage_url: str, options_json: str, namespace: str) -> None:
+        self.core = StepHostCore(storage_url, options_json, namespace)
+
+    async def start_steps(self, job_id: str, steps: list[StepStart]) -> int:
+        return await self.core.start_steps(job_id, steps)
+
+    async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
+        return await self.core.cancel_steps(job_id, removing)
+
+    async def running_steps(self, job_id: str) -> list[str]:
+        return self.core.running_steps(job_id)
+
+    async def watch(self) -> None:
+        """Never returns: a caller awaiting it learns from Ray's error that this host died."""
+        await asyncio.Event().wait()
+
+    async def drain(self) -> None:
+        """Returns once no step runs here and every outcome was handed on."""
+        while self.core.running or self.core._tasks:
+            await asyncio.sleep(0.05)
+
+    def set_delivery_drop(self, job_ids: list[str]) -> None:
+        """Fault injection for tests: deliveries to these jobs are dropped."""
+        dropped = set(job_ids)
+        self.core.delivery.drop = lambda job_id, _outcomes: job_id in dropped

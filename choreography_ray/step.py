@@ -1,0 +1,99 @@
+"""The user's step type: `JobStep`, what it returns (`StepResult`) and what it sees (`StepContext`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import typing
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+class StepResult(BaseModel):
+    """What `perform` returns: `StepResult.succeeded()` or `StepResult.failed("why")`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    success: bool
+    message: str | None = None
+
+    @classmethod
+    def succeeded(cls) -> StepResult:
+        return _SUCCEEDED
+
+    @classmethod
+    def failed(cls, message: str) -> StepResult:
+        return cls(success=False, message=message)
+
+
+_SUCCEEDED = StepResult(success=True)
+
+
+class StepContext:
+    """What a running step knows about itself, and its cancellation signal.
+
+    A stop or removal of the job sets the signal; a step may check `is_cancelled` (also from a
+    worker thread) or `await context.cancelled()`. A step that ignores it is counted when it ends.
+    """
+
+    __slots__ = ("_event", "_thread_event", "attempt", "job_id", "stage", "step_id")
+
+    def __init__(self, job_id: str, step_id: str, stage: int, attempt: int) -> None:
+        self.job_id = job_id
+        self.step_id = step_id
+        self.stage = stage
+        self.attempt = attempt
+        self._event: asyncio.Event | None = None
+        self._thread_event = threading.Event()
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._thread_event.is_set()
+
+    async def cancelled(self) -> None:
+        """Returns once the step is told to stop."""
+        if self._event is None:
+            self._event = asyncio.Event()
+            if self._thread_event.is_set():
+                self._event.set()
+        await self._event.wait()
+
+    def cancel(self) -> None:
+        self._thread_event.set()
+        if self._event is not None:
+            self._event.set()
+
+
+class JobStep(Generic[RequestT]):
+    """A unit of work of a job. Override `perform` (async, or sync to run in a worker thread).
+
+    `dedicated = True` runs each step of this type in its own named actor
+    `step/{job_id}/{step_id}`, created with `actor_options` (e.g. `{"num_gpus": 1}`).
+    """
+
+    dedicated: ClassVar[bool] = False
+    actor_options: ClassVar[dict[str, Any]] = {}
+
+    def perform(self, request: RequestT, context: StepContext) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement perform")
+
+    @classmethod
+    def request_type(cls) -> type[BaseModel]:
+        return request_type_of(cls, JobStep)
+
+
+def request_type_of(cls: type, generic_base: type) -> type[BaseModel]:
+    """The pydantic model a `Job[...]` or `JobStep[...]` subclass was parametrized with."""
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            if typing.get_origin(base) is generic_base:
+                (arg,) = typing.get_args(base)
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    return arg
+    raise TypeError(
+        f"{cls.__qualname__} must subclass {generic_base.__name__}[SomeRequest] with a pydantic "
+        "model as the request type"
+    )

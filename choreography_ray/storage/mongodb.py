@@ -1,0 +1,370 @@
+"""The MongoDB provider: `mongodb://` and `mongodb+srv://` URLs, for clusters.
+
+In the URL's database, else `choreography` (fields as in `choreography_ray.storage`):
+
+    jobs                `_id` job id. Indexes (scope, namespace, status), (status, stop_finalized).
+    job_steps           `_id` "{job_id}/{step_id}". Indexes (job_id, status),
+                        (job_id, stage, status), (job_id, step_id).
+    job_counted_steps   `_id` "{job_id}/{kind}/{step_id}"; job_id, kind, step_id. Index (job_id,
+                        kind, step_id): list, count and remove-all are queries; an add is inserts.
+    jobs_manager_keys   `_id` '["{scope}", "{namespace}"]', a JSON pair no separator can break.
+
+Indexes are created on first use, once per instance. The code keeps to what both `mongod` and
+`nx-27017` (the tests' server) implement, so tests run the production path. Measured on nx 0.8.1:
+
+- Datetimes are fixed-width UTC ISO-8601 strings with microseconds: nx stores a top-level
+  datetime given to `$set` (`updated`) as a naive string, and a BSON date drops microseconds.
+  The strings sort as the instants do and read back equal.
+- `status_changes` holds one JSON string per change: nx's `$push` of a subdocument turns every
+  element of the array into a JSON string; its `$push` of a string is exact.
+- `count_by_status` groups on `$concat` of `$toString(stage)`, ":" and status (nx answers a
+  compound `$group` key with the literal paths), so there is no derived field to keep in sync.
+- No update pipelines (nx rejects them), so no `$$NOW`: `updated` is this process's clock, as in
+  the memory provider. No partial indexes (nx makes them full); none is needed. No subdocument
+  `_id` (nx rejects an upsert on one).
+
+The driver is pymongo's sync `MongoClient` on a small thread pool (`loop.run_in_executor`):
+`AsyncMongoClient` is GA only from pymongo 4.13 (the project allows 4.6) and is bound to the loop
+it first ran on, while a storage instance may serve several loops (sync wrappers, Ray actors).
+The client is made on first use: constructing a `MongoStorage` does no I/O.
+
+`insert_steps` is an ordered `insert_many`: MongoDB keeps the documents before the first failing
+one, so on a failure those are deleted before the error is raised (a connection lost mid-batch can
+still leave a prefix; a retry then meets `DuplicateRecordError`). An unreachable server fails
+after `serverSelectionTimeoutMS` (5 s unless the URL sets it) with `StorageUnavailableError`
+naming the URL without its password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+from pydantic import BaseModel, ValidationError
+from pymongo import DeleteMany, MongoClient, UpdateOne
+from pymongo import errors as mongo
+from pymongo.database import Database
+
+from choreography_ray.errors import (
+    ConcurrencyError,
+    CorruptRecordError,
+    DuplicateRecordError,
+    StorageError,
+    StorageUnavailableError,
+)
+from choreography_ray.model import JobsManagerKey, JobState, StepState, step_key, utcnow
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate, redact_url
+
+#: Driver options and defaults, in milliseconds. Server selection bounds how long an unreachable
+#: database takes to fail. The connect timeout is also the read timeout of the driver's heartbeat
+#: to a server without streaming `hello` (nx), and a timed-out heartbeat cancels every operation
+#: in flight: nx answers nothing while it runs one operation (about 5 s for `count_by_status` of
+#: 100,000 steps), so this one stays at pymongo's default.
+DEFAULT_TIMEOUTS_MS = {"serverSelectionTimeoutMS": 5_000, "connectTimeoutMS": 20_000}
+#: Threads running the driver's blocking calls, per storage instance.
+POOL_THREADS = 4
+DEFAULT_DATABASE = "choreography"
+#: Ids per `$in` delete: nx-27017 deletes 16x faster this way than with one `DeleteOne` per id.
+IDS_PER_DELETE = 1_000
+_DUPLICATE_KEY = 11000
+#: Each collection's indexes, as their ascending fields.
+_INDEXES = {
+    "jobs": ["scope namespace status", "status stop_finalized"],
+    "job_steps": ["job_id status", "job_id stage status", "job_id step_id"],
+    "job_counted_steps": ["job_id kind step_id"],
+}
+_COUNTED = ("completed_steps_counted", "stopped_steps_counted")
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Doc = dict[str, Any]
+
+
+def _encode(value: Any) -> Any:
+    """A model dump as BSON both servers store exactly (see the module docstring)."""
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return aware.astimezone(UTC).isoformat(timespec="microseconds")
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _document(record: JobState | StepState, key: str) -> Doc:
+    doc: Doc = _encode(record.model_dump(exclude={"id", "status_changes", *_COUNTED}))
+    doc["_id"] = key
+    doc["status_changes"] = [change.model_dump_json() for change in record.status_changes]
+    return doc
+
+
+def _parse(model: type[M], collection: str, doc: Mapping[str, Any]) -> M:
+    try:
+        changes = [json.loads(c) for c in doc.get("status_changes", ())]
+        return model.model_validate({**doc, "id": doc.get("_id"), "status_changes": changes})
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise CorruptRecordError(collection, str(doc.get("_id")), str(exc)) from exc
+
+
+def _client_options(url: str) -> Doc:
+    """The default timeouts the URL does not set (a keyword would win over the URL's option)."""
+    given = {name.lower() for name, _ in parse_qsl(urlsplit(url).query)}
+    return {k: ms for k, ms in DEFAULT_TIMEOUTS_MS.items() if k.lower() not in given}
+
+
+def _deletes(ids: Sequence[str]) -> list[DeleteMany]:
+    step = IDS_PER_DELETE
+    return [DeleteMany({"_id": {"$in": list(ids[i : i + step])}}) for i in range(0, len(ids), step)]
+
+
+def _counted_id(job_id: str, kind: CountedKind, step_id: str) -> str:
+    return f"{job_id}/{kind.value}/{step_id}"
+
+
+class MongoStorage:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.Lock()  # guards the client; held while indexes are made
+        self._pool_lock = threading.Lock()  # guards the pool; never held over I/O
+        self._client: MongoClient[Doc] | None = None
+        self._db: Database[Doc] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"MongoStorage({redact_url(self.url)!r})"
+
+    # plumbing
+    def _database(self) -> Database[Doc]:
+        with self._lock:
+            if self._db is None:
+                if self._client is None:
+                    self._client = MongoClient(self.url, **_client_options(self.url))
+                db = self._client.get_default_database(DEFAULT_DATABASE)
+                for name, indexes in _INDEXES.items():
+                    for fields in indexes:
+                        db[name].create_index([(field, 1) for field in fields.split()])
+                self._db = db
+            return self._db
+
+    def _call(self, operation: Callable[[Database[Doc]], T]) -> T:
+        where = f"MongoDB at {redact_url(self.url)}"
+        try:
+            return operation(self._database())
+        except (mongo.ConnectionFailure, mongo.ConfigurationError) as exc:
+            raise StorageUnavailableError(f"{where} is unavailable: {exc}") from exc
+        except mongo.PyMongoError as exc:
+            raise StorageError(f"{where}: {exc}") from exc
+
+    async def _run(self, operation: Callable[[Database[Doc]], T]) -> T:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="mongo-storage")
+            pool = self._pool
+        return await asyncio.get_running_loop().run_in_executor(pool, self._call, operation)
+
+    # jobs
+    async def create_job(self, job: JobState) -> JobState:
+        stored = job.model_copy(update={"version": 1, **dict.fromkeys(_COUNTED, ())})
+        doc = _document(stored, job.id)
+
+        def insert(db: Database[Doc]) -> None:
+            try:
+                db.jobs.insert_one(doc)
+            except mongo.DuplicateKeyError as exc:
+                raise DuplicateRecordError(f"job {job.id!r} exists already") from exc
+
+        await self._run(insert)
+        return stored
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        doc = await self._run(lambda db: db.jobs.find_one({"_id": job_id}))
+        return None if doc is None else _parse(JobState, "jobs", doc)
+
+    async def save_job(self, job: JobState) -> JobState:
+        stored = job.model_copy(update={"version": job.version + 1, **dict.fromkeys(_COUNTED, ())})
+        doc = _document(stored, job.id)
+
+        def replace(db: Database[Doc]) -> None:
+            if db.jobs.replace_one({"_id": job.id, "version": job.version}, doc).matched_count:
+                return
+            current = db.jobs.find_one({"_id": job.id}, {"version": 1})
+            found = "no record" if current is None else f"version {current.get('version')}"
+            raise ConcurrencyError(f"job {job.id!r} is at {found}, not {job.version}")
+
+        await self._run(replace)
+        return stored
+
+    async def _find_jobs(self, query: Doc) -> list[JobState]:
+        order = [("created", 1), ("_id", 1)]
+        docs = await self._run(lambda db: list(db.jobs.find(query).sort(order)))
+        return [_parse(JobState, "jobs", doc) for doc in docs]
+
+    async def list_jobs(
+        self, scope: str, namespace: str, status: JobStatus | None = None
+    ) -> list[JobState]:
+        query: Doc = {"scope": scope, "namespace": namespace}
+        if status is not None:
+            query["status"] = status.value
+        return await self._find_jobs(query)
+
+    async def get_jobs_excluding_finalized_stops(
+        self, scope: str, namespace: str
+    ) -> list[JobState]:
+        finalized = {"status": JobStatus.STOPPED.value, "stop_finalized": True}
+        return await self._find_jobs({"scope": scope, "namespace": namespace, "$nor": [finalized]})
+
+    async def remove_job(self, job_id: str) -> None:
+        await self._run(lambda db: db.jobs.delete_one({"_id": job_id}))
+
+    # steps
+    async def insert_steps(self, steps: Sequence[StepState]) -> None:
+        docs = [_document(step, step.key) for step in steps]
+        if not docs:
+            return
+
+        def insert(db: Database[Doc]) -> None:
+            try:
+                db.job_steps.insert_many(docs, ordered=True)
+            except mongo.BulkWriteError as exc:
+                errors = exc.details.get("writeErrors") or [{}]
+                failed = errors[0].get("index", exc.details.get("nInserted", 0))
+                # Ordered: the documents before the failing one are written; take them back.
+                if failed:
+                    db.job_steps.bulk_write(_deletes([d["_id"] for d in docs[:failed]]))
+                if errors[0].get("code") == _DUPLICATE_KEY:
+                    key = docs[failed]["_id"]
+                    raise DuplicateRecordError(f"step {key!r} exists already") from exc
+                raise
+
+        await self._run(insert)
+
+    async def get_step(self, job_id: str, step_id: str) -> StepState | None:
+        doc = await self._run(lambda db: db.job_steps.find_one({"_id": step_key(job_id, step_id)}))
+        return None if doc is None else _parse(StepState, "job_steps", doc)
+
+    async def list_steps(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StepState]:
+        query: Doc = {"job_id": job_id}
+        if statuses is not None:
+            query["status"] = {"$in": [StepStatus(s).value for s in statuses]}
+        if stage is not None:
+            query["stage"] = stage
+        if after is not None:
+            query["step_id"] = {"$gt": after}
+        docs = await self._run(
+            lambda db: list(db.job_steps.find(query).sort("step_id").limit(limit))
+        )
+        return [_parse(StepState, "job_steps", doc) for doc in docs]
+
+    async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
+        now = _encode(utcnow())
+        writes = []
+        for u in updates:
+            lease = None if u.lease is None else _encode(u.lease.model_dump())
+            fields = {"status": u.status.value, "attempt": u.attempt, "lease": lease}
+            change: Doc = {"$set": {**fields, "updated": now}}
+            if u.change is not None:
+                change["$push"] = {"status_changes": u.change.model_dump_json()}
+            writes.append(UpdateOne({"_id": step_key(u.job_id, u.step_id)}, change))
+        if writes:
+            await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
+
+    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+        deletes = _deletes([step_key(job_id, step_id) for step_id in step_ids])
+        if deletes:
+            await self._run(lambda db: db.job_steps.bulk_write(deletes, ordered=False))
+
+    async def count_by_status(self, job_id: str) -> StatusCounts:
+        group = {"_id": {"$concat": [{"$toString": "$stage"}, ":", "$status"]}, "n": {"$sum": 1}}
+        pipeline: list[Doc] = [{"$match": {"job_id": job_id}}, {"$group": group}]
+        rows = await self._run(lambda db: list(db.job_steps.aggregate(pipeline)))
+        counts: StatusCounts = {}
+        try:
+            for row in rows:
+                stage, _, status = row["_id"].partition(":")
+                counts[(int(stage), StepStatus(status))] = int(row["n"])
+        except (ValueError, AttributeError) as exc:
+            raise CorruptRecordError("job_steps", job_id, f"bad stage or status: {exc}") from exc
+        return counts
+
+    async def remove_job_steps(self, job_id: str) -> None:
+        await self._run(lambda db: db.job_steps.delete_many({"job_id": job_id}))
+
+    # counted steps
+    async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
+        fields = {"job_id": job_id, "kind": kind.value}
+        docs = [{"_id": _counted_id(job_id, kind, s), **fields, "step_id": s} for s in step_ids]
+
+        def insert(db: Database[Doc]) -> None:
+            try:
+                db.job_counted_steps.insert_many(docs, ordered=False)
+            except mongo.BulkWriteError as exc:
+                # A record that exists already is the idempotent case; anything else is not.
+                codes = {error.get("code") for error in exc.details.get("writeErrors", [])}
+                if codes - {_DUPLICATE_KEY} or exc.details.get("writeConcernErrors"):
+                    raise
+
+        if docs:
+            await self._run(insert)
+
+    async def remove_counted(self, job_id: str, kind: CountedKind, step_id: str) -> None:
+        key = _counted_id(job_id, kind, step_id)
+        await self._run(lambda db: db.job_counted_steps.delete_one({"_id": key}))
+
+    async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]:
+        query = {"job_id": job_id, "kind": kind.value}
+        docs = await self._run(
+            lambda db: list(db.job_counted_steps.find(query, {"step_id": 1}).sort("step_id", 1))
+        )
+        return [str(doc["step_id"]) for doc in docs]
+
+    async def count_counted(self, job_id: str, kind: CountedKind) -> int:
+        query = {"job_id": job_id, "kind": kind.value}
+        return await self._run(lambda db: db.job_counted_steps.count_documents(query))
+
+    async def remove_job_counted(self, job_id: str) -> None:
+        await self._run(lambda db: db.job_counted_steps.delete_many({"job_id": job_id}))
+
+    # recovery key catalog
+    async def add_manager_key(self, key: JobsManagerKey) -> None:
+        key_id = json.dumps([key.scope, key.namespace])
+        doc = {"_id": key_id, **key.model_dump()}
+        await self._run(
+            lambda db: db.jobs_manager_keys.replace_one({"_id": key_id}, doc, upsert=True)
+        )
+
+    async def list_manager_keys(self) -> list[JobsManagerKey]:
+        docs = await self._run(lambda db: list(db.jobs_manager_keys.find().sort("_id", 1)))
+        return [_parse(JobsManagerKey, "jobs_manager_keys", doc) for doc in docs]
+
+    async def close(self) -> None:
+        """Closes the client; a later call opens a new one."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.get_running_loop().run_in_executor(pool, self._close_client)
+            pool.shutdown(wait=False)
+
+    def _close_client(self) -> None:
+        with self._lock:
+            client, self._client, self._db = self._client, None, None
+        if client is not None:
+            client.close()

@@ -1,0 +1,455 @@
+"""The SQLite provider: the embedded default for one machine, `sqlite:///path.db`.
+
+`sqlite:///jobs.db` is relative to the working directory, `sqlite:////var/lib/jobs.db` absolute;
+missing parent directories are created. The file is in WAL mode with `synchronous=NORMAL` and a
+30 s busy timeout, so several processes of one machine can write it at once: every write is one
+`BEGIN IMMEDIATE` transaction, which takes the write lock up front and waits for it rather than
+failing halfway. sqlite3 calls block, so each instance runs them on one dedicated worker thread
+that owns the connection (opened on first use); the coroutines await that thread.
+
+Layout (JSON columns hold pydantic's JSON of the field)::
+
+    jobs                rowid table. id TEXT PRIMARY KEY, scope, namespace, type, status, stage,
+                        progress JSON, request JSON, status_changes JSON, has_plan,
+                        stop_finalized, records_counted_steps, error, created (ISO-8601, UTC),
+                        version, schema_version.
+                        Indexes: (scope, namespace, status), (status, stop_finalized).
+    job_steps           WITHOUT ROWID. PRIMARY KEY (job_id, step_id); type, stage, status,
+                        attempt, lease JSON {silo, activation, heartbeat} or NULL, is_prepared,
+                        request JSON, status_changes JSON array, updated, schema_version.
+                        Indexes: (job_id, status), (job_id, stage, status); both end in step_id
+                        (the key), so a page of one status is read in step-id order.
+    job_numbers         job_no INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT UNIQUE: the small
+                        number that stands for a job id in job_counted_steps. AUTOINCREMENT never
+                        reuses a number, so a later job cannot inherit a removed job's records.
+    job_counted_steps   WITHOUT ROWID. PRIMARY KEY (job_no, kind, step_id), kind 0 = completed,
+                        1 = stopped: about 20 bytes plus the step id per record, and one B-tree
+                        insert per record whatever the job's size.
+    jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
+
+Bulk writes are one transaction and one `executemany` each, all or nothing. A status change is
+appended in SQL (`json_insert(status_changes, '$[#]', ...)`), never read, grown and rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
+from itertools import repeat
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import to_json
+
+from choreography_ray.errors import (
+    ConcurrencyError,
+    CorruptRecordError,
+    DuplicateRecordError,
+    StorageError,
+    StorageUnavailableError,
+)
+from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
+
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
+
+#: How long a write waits for another connection's lock, in milliseconds.
+BUSY_TIMEOUT_MS = 30_000
+#: Page cache per connection, in KiB.
+CACHE_SIZE_KIB = 32_768
+
+_PREFIX = "sqlite:///"
+_KIND_NO = {CountedKind.COMPLETED: 0, CountedKind.STOPPED: 1}
+
+_SCHEMA = """
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, scope TEXT NOT NULL, namespace TEXT NOT NULL, type TEXT NOT NULL,
+    status TEXT NOT NULL, stage INTEGER NOT NULL, progress TEXT NOT NULL, request TEXT NOT NULL,
+    status_changes TEXT NOT NULL, has_plan INTEGER NOT NULL, stop_finalized INTEGER NOT NULL,
+    records_counted_steps INTEGER NOT NULL, error TEXT, created TEXT NOT NULL,
+    version INTEGER NOT NULL, schema_version INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_scope_namespace_status ON jobs (scope, namespace, status);
+CREATE INDEX IF NOT EXISTS jobs_status_stop_finalized ON jobs (status, stop_finalized);
+CREATE TABLE IF NOT EXISTS job_steps (
+    job_id TEXT NOT NULL, step_id TEXT NOT NULL, type TEXT NOT NULL, stage INTEGER NOT NULL,
+    status TEXT NOT NULL, attempt INTEGER NOT NULL, lease TEXT, is_prepared INTEGER NOT NULL,
+    request TEXT NOT NULL, status_changes TEXT NOT NULL, updated TEXT NOT NULL,
+    schema_version INTEGER NOT NULL, PRIMARY KEY (job_id, step_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
+CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
+CREATE TABLE IF NOT EXISTS job_numbers (
+    job_no INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS job_counted_steps (
+    job_no INTEGER NOT NULL, kind INTEGER NOT NULL, step_id TEXT NOT NULL,
+    PRIMARY KEY (job_no, kind, step_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS jobs_manager_keys (
+    scope TEXT NOT NULL, namespace TEXT NOT NULL, PRIMARY KEY (scope, namespace)) WITHOUT ROWID;
+COMMIT;
+"""
+
+_JOB_COLUMNS = (
+    "id", "scope", "namespace", "type", "status", "stage", "progress", "request",
+    "status_changes", "has_plan", "stop_finalized", "records_counted_steps", "error", "created",
+    "version", "schema_version",
+)  # fmt: skip
+_STEP_COLUMNS = (
+    "job_id", "step_id", "type", "stage", "status", "attempt", "lease", "is_prepared", "request",
+    "status_changes", "updated", "schema_version",
+)  # fmt: skip
+_JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease"})
+_JOB_SELECT = f"SELECT {', '.join(_JOB_COLUMNS)} FROM jobs"
+_STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
+_JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
+_UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
+    status_changes = CASE WHEN ?5 IS NULL THEN status_changes
+                          ELSE json_insert(status_changes, '$[#]', json(?5)) END
+    WHERE job_id = ?6 AND step_id = ?7"""
+
+
+class SqliteStorage:
+    def __init__(self, url: str) -> None:
+        path = url[len(_PREFIX) :] if url.startswith(_PREFIX) else ""
+        if not path or path.startswith(":memory:") or "?" in path:
+            raise ValueError(f"not a SQLite file URL: {url!r}; use sqlite:///path/to/jobs.db")
+        self.url = url
+        self.path = Path(path)
+        self._connection: sqlite3.Connection | None = None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="choreography-sqlite")
+
+    def __reduce__(self) -> tuple[type[SqliteStorage], tuple[str]]:
+        return SqliteStorage, (self.url,)
+
+    # jobs
+    async def create_job(self, job: JobState) -> JobState:
+        stored = _without_counted(job, version=1)
+        await self._write(lambda c: _insert_job(c, stored))
+        return stored
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        jobs = await self._select_jobs(f"{_JOB_SELECT} WHERE id = ?", (job_id,))
+        return jobs[0] if jobs else None
+
+    async def save_job(self, job: JobState) -> JobState:
+        stored = _without_counted(job, version=job.version + 1)
+        await self._write(lambda c: _update_job(c, stored, job.version))
+        return stored
+
+    async def list_jobs(
+        self, scope: str, namespace: str, status: JobStatus | None = None
+    ) -> list[JobState]:
+        sql = f"{_JOB_SELECT} WHERE scope = ? AND namespace = ?"
+        args: tuple[str, ...] = (scope, namespace)
+        if status is not None:
+            sql, args = f"{sql} AND status = ?", (*args, status)
+        return await self._select_jobs(f"{sql} ORDER BY rowid", args)
+
+    async def get_jobs_excluding_finalized_stops(
+        self, scope: str, namespace: str
+    ) -> list[JobState]:
+        sql = f"""{_JOB_SELECT} WHERE scope = ? AND namespace = ?
+            AND NOT (status = ? AND stop_finalized = 1) ORDER BY created, rowid"""
+        return await self._select_jobs(sql, (scope, namespace, JobStatus.STOPPED))
+
+    async def remove_job(self, job_id: str) -> None:
+        await self._write(lambda c: c.execute("DELETE FROM jobs WHERE id = ?", (job_id,)))
+
+    # steps
+    async def insert_steps(self, steps: Sequence[StepState]) -> None:
+        if steps:
+            await self._write(lambda c: _insert_steps(c, steps))
+
+    async def get_step(self, job_id: str, step_id: str) -> StepState | None:
+        sql = f"{_STEP_SELECT} WHERE job_id = ? AND step_id = ?"
+        rows = await self._run(lambda c: c.execute(sql, (job_id, step_id)).fetchall())
+        return next((_step(row) for row in rows), None)
+
+    async def list_steps(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StepState]:
+        args: list[object] = [job_id]
+        where = "job_id = ?"
+        if stage is not None:
+            where, args = f"{where} AND stage = ?", [*args, stage]
+        if after is not None:
+            where, args = f"{where} AND step_id > ?", [*args, after]
+        if statuses is None and stage is None:
+            sql = f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?"
+            args.append(limit)
+        else:
+            # One index range per status, each in step-id order already (the indexes end in the
+            # key), merged: a page costs O(statuses * limit) however many steps the job has.
+            wanted = sorted(set(StepStatus if statuses is None else statuses))
+            if not wanted:
+                return []
+            branch = f"SELECT * FROM ({_STEP_SELECT} WHERE {where} AND status = ? "
+            branch += "ORDER BY step_id LIMIT ?)"
+            sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
+            args = [*(a for status in wanted for a in (*args, status, limit)), limit]
+        rows = await self._run(lambda c: c.execute(sql, args).fetchall())
+        return [_step(row) for row in rows]
+
+    async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
+        if updates:
+            await self._write(lambda c: c.executemany(_UPDATE_STEP, _update_rows(updates)))
+
+    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+        if step_ids:
+            sql = "DELETE FROM job_steps WHERE job_id = ? AND step_id = ?"
+            await self._write(lambda c: c.executemany(sql, zip(repeat(job_id), step_ids)))
+
+    async def count_by_status(self, job_id: str) -> StatusCounts:
+        sql = (
+            "SELECT stage, status, COUNT(*) FROM job_steps WHERE job_id = ? GROUP BY stage, status"
+        )
+        rows = await self._run(lambda c: c.execute(sql, (job_id,)).fetchall())
+        counts: StatusCounts = {}
+        for stage, status, count in rows:
+            try:
+                counts[stage, StepStatus(status)] = count
+            except ValueError:
+                reason = f"unknown status {status!r}"
+                raise CorruptRecordError("job_steps", f"{job_id}/*", reason) from None
+        return counts
+
+    async def remove_job_steps(self, job_id: str) -> None:
+        sql = "DELETE FROM job_steps WHERE job_id = ?"
+        await self._write(lambda c: c.execute(sql, (job_id,)))
+
+    # counted steps
+    async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
+        if step_ids:
+            await self._write(lambda c: _add_counted(c, job_id, _KIND_NO[kind], step_ids))
+
+    async def remove_counted(self, job_id: str, kind: CountedKind, step_id: str) -> None:
+        sql = f"DELETE FROM job_counted_steps WHERE job_no = {_JOB_NO} AND kind = ? AND step_id = ?"
+        await self._write(lambda c: c.execute(sql, (job_id, _KIND_NO[kind], step_id)))
+
+    async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]:
+        sql = f"""SELECT step_id FROM job_counted_steps WHERE job_no = {_JOB_NO} AND kind = ?
+            ORDER BY step_id"""
+        rows = await self._run(lambda c: c.execute(sql, (job_id, _KIND_NO[kind])).fetchall())
+        return [step_id for (step_id,) in rows]
+
+    async def count_counted(self, job_id: str, kind: CountedKind) -> int:
+        sql = f"SELECT COUNT(*) FROM job_counted_steps WHERE job_no = {_JOB_NO} AND kind = ?"
+        row = await self._run(lambda c: c.execute(sql, (job_id, _KIND_NO[kind])).fetchone())
+        return int(row[0])
+
+    async def remove_job_counted(self, job_id: str) -> None:
+        def remove(c: sqlite3.Connection) -> None:
+            c.execute(f"DELETE FROM job_counted_steps WHERE job_no = {_JOB_NO}", (job_id,))
+            c.execute("DELETE FROM job_numbers WHERE job_id = ?", (job_id,))
+
+        await self._write(remove)
+
+    # recovery key catalog
+    async def add_manager_key(self, key: JobsManagerKey) -> None:
+        sql = "INSERT OR IGNORE INTO jobs_manager_keys (scope, namespace) VALUES (?, ?)"
+        await self._write(lambda c: c.execute(sql, (key.scope, key.namespace)))
+
+    async def list_manager_keys(self) -> list[JobsManagerKey]:
+        sql = "SELECT scope, namespace FROM jobs_manager_keys ORDER BY scope, namespace"
+        rows = await self._run(lambda c: c.execute(sql).fetchall())
+        return [JobsManagerKey(scope=scope, namespace=namespace) for scope, namespace in rows]
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
+            self._executor.shutdown(wait=False)
+
+    # the worker thread
+    async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise StorageError(f"SQLite storage {self.url} is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, work)
+
+    async def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
+        await self._run(lambda c: _transaction(c, work))
+
+    async def _select_jobs(self, sql: str, args: Sequence[object]) -> list[JobState]:
+        rows = await self._run(lambda c: c.execute(sql, args).fetchall())
+        return [_job(row) for row in rows]
+
+    def _call(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._connection is None:
+            self._connection = self._connect()
+        try:
+            return work(self._connection)
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StorageUnavailableError(f"SQLite database {self.url} is busy: {exc}") from exc
+            raise StorageError(f"SQLite database {self.url}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StorageError(f"SQLite database {self.url}: {exc}") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
+            connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            (mode,) = connection.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode != "wal":
+                raise sqlite3.OperationalError(f"journal mode is {mode!r}, not WAL")
+            connection.execute("PRAGMA synchronous = NORMAL")
+            connection.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+            connection.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            if connection is not None:
+                connection.close()
+            raise StorageUnavailableError(
+                f"cannot open SQLite database {self.url} (file {self.path.absolute()}): {exc}"
+            ) from exc
+        return connection
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+def _transaction(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection], object]) -> None:
+    # The work's result (often a cursor) is dropped here, in the connection's thread: a cursor
+    # finalized on another thread resets its statement concurrently, which SQLite calls misuse.
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        work(connection)
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+
+
+def _without_counted(job: JobState, *, version: int) -> JobState:
+    return job.model_copy(
+        update={"version": version, "completed_steps_counted": (), "stopped_steps_counted": ()}
+    )
+
+
+def _job_row(job: JobState) -> tuple[Any, ...]:
+    created = job.created if job.created.tzinfo is None else job.created.astimezone(UTC)
+    return (
+        job.id, job.scope, job.namespace, job.type, job.status, job.stage,
+        job.progress.model_dump_json(exclude_computed_fields=True), to_json(job.request).decode(),
+        to_json(job.status_changes).decode(), job.has_plan, job.stop_finalized,
+        job.records_counted_steps, job.error, created.isoformat(timespec="microseconds"),
+        job.version, job.schema_version,
+    )  # fmt: skip
+
+
+def _insert_job(connection: sqlite3.Connection, job: JobState) -> None:
+    marks = ", ".join("?" * len(_JOB_COLUMNS))
+    try:
+        connection.execute(
+            f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({marks})", _job_row(job)
+        )
+    except sqlite3.IntegrityError:
+        raise DuplicateRecordError(f"job {job.id!r} exists already") from None
+
+
+def _update_job(connection: sqlite3.Connection, job: JobState, expected_version: int) -> None:
+    assignments = ", ".join(f"{column} = ?" for column in _JOB_COLUMNS[1:])
+    sql = f"UPDATE jobs SET {assignments} WHERE id = ? AND version = ?"
+    if connection.execute(sql, (*_job_row(job)[1:], job.id, expected_version)).rowcount == 0:
+        row = connection.execute("SELECT version FROM jobs WHERE id = ?", (job.id,)).fetchone()
+        found = "no record" if row is None else f"version {row[0]}"
+        raise ConcurrencyError(f"job {job.id!r} is at {found}, not {expected_version}")
+
+
+def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) -> None:
+    rows = [
+        (
+            s.job_id, s.step_id, s.type, s.stage, s.status, s.attempt,
+            None if s.lease is None else to_json(s.lease).decode(), s.is_prepared,
+            to_json(s.request).decode() if s.request else "{}",
+            to_json(s.status_changes).decode() if s.status_changes else "[]",
+            s.updated.isoformat(), s.schema_version,
+        )
+        for s in steps
+    ]  # fmt: skip
+    marks = ", ".join("?" * len(_STEP_COLUMNS))
+    connection.execute("SAVEPOINT plan")
+    try:
+        connection.executemany(f"INSERT INTO job_steps VALUES ({marks})", rows)
+    except sqlite3.IntegrityError:
+        connection.execute("ROLLBACK TO plan")
+        raise DuplicateRecordError(
+            f"step {_duplicate(connection, steps)!r} exists already"
+        ) from None
+
+
+def _duplicate(connection: sqlite3.Connection, steps: Sequence[StepState]) -> str:
+    """The first step of a refused batch that is stored already or repeated (the error path)."""
+    seen: set[str] = set()
+    sql = "SELECT 1 FROM job_steps WHERE job_id = ? AND step_id = ?"
+    for step in steps:
+        if step.key in seen or connection.execute(sql, (step.job_id, step.step_id)).fetchone():
+            return step.key
+        seen.add(step.key)
+    return "?"
+
+
+def _update_rows(updates: Sequence[StepUpdate]) -> list[tuple[Any, ...]]:
+    now = utcnow().isoformat()
+    return [
+        (
+            u.status, u.attempt, None if u.lease is None else to_json(u.lease).decode(), now,
+            None if u.change is None else to_json(u.change).decode(), u.job_id, u.step_id,
+        )
+        for u in updates
+    ]  # fmt: skip
+
+
+def _add_counted(
+    connection: sqlite3.Connection, job_id: str, kind: int, step_ids: Collection[str]
+) -> None:
+    connection.execute("INSERT OR IGNORE INTO job_numbers (job_id) VALUES (?)", (job_id,))
+    sql = "SELECT job_no FROM job_numbers WHERE job_id = ?"
+    (job_no,) = connection.execute(sql, (job_id,)).fetchone()
+    sql = "INSERT OR IGNORE INTO job_counted_steps (job_no, kind, step_id) VALUES (?, ?, ?)"
+    connection.executemany(sql, zip(repeat(job_no), repeat(kind), step_ids))
+
+
+def _job(row: Sequence[Any]) -> JobState:
+    return _parse(JobState, _JOB_COLUMNS, row, "jobs", row[0])
+
+
+def _step(row: Sequence[Any]) -> StepState:
+    return _parse(StepState, _STEP_COLUMNS, row, "job_steps", f"{row[0]}/{row[1]}")
+
+
+def _parse(
+    model: type[_M], columns: tuple[str, ...], row: Sequence[Any], collection: str, key: str
+) -> _M:
+    record: dict[str, Any] = {}
+    for column, value in zip(columns, row, strict=True):
+        try:
+            is_json = column in _JSON_COLUMNS and value is not None
+            record[column] = json.loads(value) if is_json else value
+        except ValueError as exc:
+            raise CorruptRecordError(collection, key, f"{column}: {exc}") from exc
+    try:
+        return model.model_validate(record)
+    except ValidationError as exc:
+        reason = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise CorruptRecordError(collection, key, reason) from exc

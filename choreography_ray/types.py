@@ -1,0 +1,45 @@
+"""Job and step types are stored by import path ("pkg.module:ClassName") and imported again.
+
+Nothing read from storage runs code but the import of a type the path names; with
+`JobsOptions.allowed_type_prefixes` set, only paths under those prefixes are imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from functools import lru_cache
+
+from choreography_ray.errors import TypeImportError
+
+
+def type_path(cls: type) -> str:
+    if "<locals>" in cls.__qualname__:
+        raise TypeImportError(
+            f"{cls.__qualname__} is defined inside a function; job and step types must be "
+            "importable by path (define them at module level)"
+        )
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def import_type(path: str, allowed_prefixes: Sequence[str] | None = None) -> type:
+    """The class `path` names; `TypeImportError` naming the path when it cannot be had."""
+    if allowed_prefixes is not None and not any(path.startswith(p) for p in allowed_prefixes):
+        raise TypeImportError(f"type {path!r} is not under the allowed prefixes {list(allowed_prefixes)}")
+    return _import(path)
+
+
+@lru_cache(maxsize=1024)
+def _import(path: str) -> type:
+    module_name, _, qualname = path.partition(":")
+    if not module_name or not qualname:
+        raise TypeImportError(f"type path {path!r} is not of the form 'pkg.module:ClassName'")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as error:
+        raise TypeImportError(f"cannot import type {path!r}: {error}") from error
+    if not isinstance(obj, type):
+        raise TypeImportError(f"{path!r} names {type(obj).__name__}, not a class")
+    return obj

@@ -1,0 +1,167 @@
+"""The storage contract's fixtures: one `storage` per provider, run on a per-test event loop.
+
+The MongoDB leg talks to `CHOREOGRAPHY_MONGODB_URI` when it is set (a real `mongod`), else to an
+`nx-27017` server this session starts on a free loopback port and stops by its pid. Each test
+gets a database of its own. A server that cannot be reached skips the leg locally and fails it
+in CI (`CI=true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from choreography_ray.storage import Storage, open_storage
+
+MONGODB_URI_ENV = "CHOREOGRAPHY_MONGODB_URI"
+#: How long a started nx-27017 server may take to accept connections, in seconds.
+SERVER_START_SECONDS = 30.0
+#: How long the server may take to exit once asked to, in seconds.
+SERVER_STOP_SECONDS = 10.0
+
+
+def missing_service(reason: str) -> None:
+    """Skip locally; in CI a missing service is a failure, not a silent skip."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true, so this fails instead of skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run `async def` tests on the test's `runner` loop (the loop its fixtures used)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    coroutine = pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in names})
+    runner = pyfuncitem.funcargs.get("runner")
+    if isinstance(runner, asyncio.Runner):
+        runner.run(coroutine)
+    else:
+        asyncio.run(coroutine)
+    return True
+
+
+@pytest.fixture
+def runner() -> Iterator[asyncio.Runner]:
+    with asyncio.Runner() as loop_runner:
+        yield loop_runner
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _nx_command() -> list[str]:
+    script = Path(sys.executable).with_name("nx-27017")
+    if script.exists():
+        return [str(script)]
+    # The package has no __main__; its console script calls this.
+    return [sys.executable, "-c", "import sys; from nx_27017.nx_27017 import main; sys.exit(main())"]
+
+
+@pytest.fixture(scope="session")
+def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a MongoDB wire-protocol server, without a database."""
+    if uri := os.environ.get(MONGODB_URI_ENV):
+        yield uri
+        return
+    home = tmp_path_factory.mktemp("nx-27017")
+    port = _free_port()
+    # --data-dir, not --db: with one --db file every database name shares the same collections.
+    (home / "databases").mkdir()
+    options = ["--host", "127.0.0.1", "-p", str(port), "--data-dir", str(home / "databases")]
+    options += ["--pid-file", str(home / "nx.pid"), "--log-file", str(home / "nx.log")]
+    with (home / "output.log").open("wb") as output:
+        try:
+            server = subprocess.Popen(
+                [*_nx_command(), *options], cwd=home, stdout=output, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            missing_service(f"cannot start nx-27017: {exc}")
+    deadline = time.monotonic() + SERVER_START_SECONDS
+    while not _accepts(port):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            server.wait()
+            log = (home / "output.log").read_text(errors="replace")[-2000:]
+            missing_service(f"nx-27017 did not accept connections on port {port}:\n{log}")
+        time.sleep(0.1)
+    try:
+        yield f"mongodb://127.0.0.1:{port}/"
+    finally:
+        server.terminate()
+        try:
+            server.wait(SERVER_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def _drop_database(url: str) -> None:
+    import pymongo
+
+    client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
+        url, serverSelectionTimeoutMS=5000
+    )
+    with client:
+        client.drop_database(urlsplit(url).path.lstrip("/"))
+
+
+PROVIDERS = ["memory", "sqlite", pytest.param("mongodb", marks=pytest.mark.mongodb)]
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def storage_url(provider: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if provider == "memory":
+        yield "memory://"
+    elif provider == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.db'}"
+    else:
+        pytest.importorskip("choreography_ray.storage.mongodb", reason="MongoStorage not written")
+        server: str = request.getfixturevalue("mongodb_server")
+        url = _with_database(server, f"test_{uuid.uuid4().hex}")
+        yield url
+        _drop_database(url)
+
+
+@pytest.fixture
+def storage(storage_url: str, runner: asyncio.Runner) -> Iterator[Storage]:
+    opened = open_storage(storage_url)
+    try:
+        yield opened
+    finally:
+        runner.run(opened.close())

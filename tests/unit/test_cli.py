@@ -1,0 +1,43 @@
+"""The command line's root: `--version` and `--help`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+import choreography_ray
+from choreography_ray.cli import app
+
+runner = CliRunner()
+
+
+def test_version_prints_the_package_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"choreography-ray {choreography_ray.__version__}\n"
+
+
+def test_help_describes_the_tool() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "durable job system" in result.stdout
+    assert "--version" in result.stdout
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["no-such-command"])
+    assert result.exit_code == 2
+
+
+def test_module_entry_point_runs_the_same_app() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "choreography_ray.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == f"choreography-ray {choreography_ray.__version__}\n"
