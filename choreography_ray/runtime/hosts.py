@@ -17,7 +17,8 @@ from choreography_ray.runtime.step_host import StepHost
 
 class HostPool:
     def __init__(self, storage_url: str, options: JobsOptions, namespace: str) -> None:
-        self._args = (storage_url, options.model_dump_json(), namespace)
+        self.context = (storage_url, options.model_dump_json())
+        self._args = (namespace, options.step_host_capacity)
         self._options = options
         self._namespace = namespace
         self.hosts: dict[str, Any] = {}

@@ -369,7 +369,7 @@ class JobCore:
         for start in batch:
             self.active[start.step_id] = (start, name)
         try:
-            await handle.start_steps.remote(self.job_id, batch)
+            await handle.start_steps.remote(self.job_id, self.hosts.context, batch)
         except Exception as error:
             log.warning("job %s: starting %d steps on %s failed: %s", self.job_id, len(batch),
                         name, error)

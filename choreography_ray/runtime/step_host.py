@@ -34,52 +34,79 @@ from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
 
-_RUNNING_CHANGE_STATUS = StepStatus.RUNNING
+class Tenant:
+    """What the steps of one (storage, options) see: hosts are shared by every connection."""
 
-
-class StepHostCore:
-    """Everything of the step host but the Ray actor shell, so it can be driven in-process."""
-
-    def __init__(self, storage_url: str, options_json: str, namespace: str) -> None:
+    def __init__(self, storage_url: str, options_json: str, namespace: str, host: StepHostCore):
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, namespace)
         self.commit = GroupCommit(self.storage, self.options.group_commit_delay.total_seconds())
-        self.delivery = Delivery(self.options, namespace, self._job_exists)
+        self.delivery = Delivery(self.options, namespace, self.job_exists)
+        lease = self.options.lease_seconds
+        if lease is not None:
+            host.spawn(host.renew_leases(self, lease / 3))
+
+    async def job_exists(self, job_id: str) -> bool:
+        job = await self.storage.get_job(job_id)
+        return job is not None and not job.status.is_terminal and not (
+            job.status is JobStatus.STOPPED and job.stop_finalized
+        )
+
+
+class StepHostCore:
+    """Everything of the step host but the Ray actor shell."""
+
+    def __init__(self, namespace: str, capacity: int) -> None:
+        self.namespace = namespace
+        self.capacity = capacity
+        self.tenants: dict[tuple[str, str], Tenant] = {}
+        self.job_tenant: dict[str, Tenant] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
         self.removing_jobs: set[str] = set()
+        self.drop_deliveries: set[str] = set()
         self._outbox: defaultdict[str, list[Outcome]] = defaultdict(list)
         self._outbox_scheduled = False
         self._room = asyncio.Condition()
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="step")
         self._silo = ray.get_runtime_context().get_node_id()
         self._activation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
-        self._tasks: set[asyncio.Future[Any]] = set()
-        lease = self.options.lease_seconds
-        if lease is not None:
-            self._spawn(self._renew_leases(lease / 3))
+        self.tasks: set[asyncio.Future[Any]] = set()
 
-    def lease(self) -> Lease | None:
-        if self.options.lease_seconds is None:
+    def tenant(self, job_id: str, context: tuple[str, str]) -> Tenant:
+        tenant = self.tenants.get(context)
+        if tenant is None:
+            tenant = self.tenants[context] = Tenant(*context, self.namespace, self)
+            if self.drop_deliveries:
+                tenant.delivery.drop = lambda job, _outcomes: job in self.drop_deliveries
+        self.job_tenant[job_id] = tenant
+        return tenant
+
+    def lease(self, tenant: Tenant) -> Lease | None:
+        if tenant.options.lease_seconds is None:
             return None
         return Lease(silo=self._silo, activation=self._activation, heartbeat=utcnow())
 
-    async def start_steps(self, job_id: str, steps: Sequence[StepStart]) -> int:
+    async def start_steps(
+        self, job_id: str, context: tuple[str, str], steps: Sequence[StepStart]
+    ) -> int:
         """Persists RUNNING for the batch, starts every step, and returns how many started.
-        Waits while the host is at capacity, which throttles the caller's start operations."""
+        Waits while the host is at capacity, which throttles the caller's start operations.
+        A step already running here is not started twice."""
+        tenant = self.tenant(job_id, context)
         async with self._room:
             await self._room.wait_for(
-                lambda: not self.running
-                or len(self.running) + len(steps) <= self.options.step_host_capacity
+                lambda: not self.running or len(self.running) + len(steps) <= self.capacity
             )
+            steps = [s for s in steps if (job_id, s.step_id) not in self.running]
             for step in steps:
                 self.running[(job_id, step.step_id)] = (
                     StepContext(job_id, step.step_id, step.stage, step.attempt),
                     None,
                 )
-        change = StatusChange(status=_RUNNING_CHANGE_STATUS)
-        lease = self.lease()
+        change = StatusChange(status=StepStatus.RUNNING)
+        lease = self.lease(tenant)
         try:
-            await self.commit.write(
+            await tenant.commit.write(
                 [StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
                  for s in steps]
             )
@@ -88,14 +115,14 @@ class StepHostCore:
                 self.running.pop((job_id, step.step_id), None)
             raise
         for step in steps:
-            self._launch(job_id, step)
+            self._launch(job_id, step, tenant.options)
         return len(steps)
 
-    def _launch(self, job_id: str, step: StepStart) -> None:
+    def _launch(self, job_id: str, step: StepStart, options: JobsOptions) -> None:
         key = (job_id, step.step_id)
         context = self.running[key][0]
         try:
-            step_type = import_type(step.type, self.options.allowed_type_prefixes)
+            step_type = import_type(step.type, options.allowed_type_prefixes)
             if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
                 raise TypeError(f"{step.type} is not a JobStep")
             request = step_type.request_type().model_validate(step.request)
@@ -137,7 +164,8 @@ class StepHostCore:
     ) -> None:
         entry = self.running.get((job_id, step.step_id))
         cancelled = entry is not None and entry[0].is_cancelled
-        outcome = _outcome(step, result, error, cancelled, driver, self.options)
+        options = self.job_tenant[job_id].options
+        outcome = _outcome(step, result, error, cancelled, driver, options)
         if job_id in self.removing_jobs:
             outcome = outcome._replace(status=StepStatus.STOPPED)
         self._outbox[job_id].append(outcome)
@@ -148,9 +176,13 @@ class StepHostCore:
     def _spawn_flush(self) -> None:
         self._outbox_scheduled = False
         outbox, self._outbox = self._outbox, defaultdict(list)
-        self._spawn(self._persist_and_deliver(outbox))
+        by_tenant: defaultdict[Tenant, dict[str, list[Outcome]]] = defaultdict(dict)
+        for job_id, outcomes in outbox.items():
+            by_tenant[self.job_tenant[job_id]][job_id] = outcomes
+        for tenant, jobs in by_tenant.items():
+            self.spawn(self._persist_and_deliver(tenant, jobs))
 
-    async def _persist_and_deliver(self, outbox: dict[str, list[Outcome]]) -> None:
+    async def _persist_and_deliver(self, tenant: Tenant, outbox: dict[str, list[Outcome]]) -> None:
         updates: list[StepUpdate] = []
         deletes: list[tuple[str, str]] = []
         for job_id, outcomes in outbox.items():
@@ -163,7 +195,7 @@ class StepHostCore:
                     updates.append(StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change))
         while True:
             try:
-                await self.commit.write(updates, deletes)
+                await tenant.commit.write(updates, deletes)
                 break
             except Exception:
                 # Persist, then deliver: an outcome that is not stored is not reported.
@@ -174,14 +206,14 @@ class StepHostCore:
                 for o in outcomes:
                     self.running.pop((job_id, o.step_id), None)
             self._room.notify_all()
-        await asyncio.gather(*(self._deliver(job_id, o) for job_id, o in outbox.items()))
+        await asyncio.gather(*(self._deliver(tenant, job_id, o) for job_id, o in outbox.items()))
 
-    async def _deliver(self, job_id: str, outcomes: list[Outcome]) -> None:
+    async def _deliver(self, tenant: Tenant, job_id: str, outcomes: list[Outcome]) -> None:
         removing = job_id in self.removing_jobs
-        delivered = await self.delivery.deliver(job_id, outcomes, unlimited=removing)
+        delivered = await tenant.delivery.deliver(job_id, outcomes, unlimited=removing)
         if removing and delivered:
             # The job has stored its stop: a removed step deletes its own record.
-            await self.commit.write(deletes=[(job_id, o.step_id) for o in outcomes])
+            await tenant.commit.write(deletes=[(job_id, o.step_id) for o in outcomes])
 
     async def cancel_steps(self, job_id: str, removing: bool) -> int:
         """Tells every running step of the job to stop; returns how many were told."""
@@ -197,28 +229,24 @@ class StepHostCore:
     def running_steps(self, job_id: str) -> list[str]:
         return [step_id for (owner, step_id) in self.running if owner == job_id]
 
-    async def _job_exists(self, job_id: str) -> bool:
-        job = await self.storage.get_job(job_id)
-        return job is not None and not job.status.is_terminal and not (
-            job.status is JobStatus.STOPPED and job.stop_finalized
-        )
-
-    async def _renew_leases(self, every: float) -> None:
+    async def renew_leases(self, tenant: Tenant, every: float) -> None:
+        """Renews the leases of this tenant's running steps, in bulk."""
         while True:
             await asyncio.sleep(every)
-            lease = self.lease()
+            lease = self.lease(tenant)
             updates = [
                 StepUpdate(job_id, context.step_id, StepStatus.RUNNING, context.attempt, lease)
                 for (job_id, _), (context, _task) in list(self.running.items())
+                if self.job_tenant.get(job_id) is tenant
             ]
             if updates:
                 with contextlib.suppress(Exception):
-                    await self.commit.write(updates)
+                    await tenant.commit.write(updates)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
 
 def _outcome(
@@ -251,11 +279,13 @@ def _outcome(
 class StepHost:
     """`step-host/{node_id}/{n}`, or a dedicated `step/{job_id}/{step_id}` actor."""
 
-    def __init__(self, storage_url: str, options_json: str, namespace: str) -> None:
-        self.core = StepHostCore(storage_url, options_json, namespace)
+    def __init__(self, namespace: str, capacity: int) -> None:
+        self.core = StepHostCore(namespace, capacity)
 
-    async def start_steps(self, job_id: str, steps: list[StepStart]) -> int:
-        return await self.core.start_steps(job_id, steps)
+    async def start_steps(
+        self, job_id: str, context: tuple[str, str], steps: list[StepStart]
+    ) -> int:
+        return await self.core.start_steps(job_id, context, steps)
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)
@@ -267,12 +297,8 @@ class StepHost:
         """Never returns: a caller awaiting it learns from Ray's error that this host died."""
         await asyncio.Event().wait()
 
-    async def drain(self) -> None:
-        """Returns once no step runs here and every outcome was handed on."""
-        while self.core.running or self.core._tasks:
-            await asyncio.sleep(0.05)
-
-    def set_delivery_drop(self, job_ids: list[str]) -> None:
+    def drop_deliveries(self, job_ids: list[str]) -> None:
         """Fault injection for tests: deliveries to these jobs are dropped."""
-        dropped = set(job_ids)
-        self.core.delivery.drop = lambda job_id, _outcomes: job_id in dropped
+        self.core.drop_deliveries.update(job_ids)
+        for tenant in self.core.tenants.values():
+            tenant.delivery.drop = lambda job, _outcomes: job in self.core.drop_deliveries

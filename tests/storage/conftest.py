@@ -79,7 +79,11 @@ def _nx_command() -> list[str]:
     if script.exists():
         return [str(script)]
     # The package has no __main__; its console script calls this.
-    return [sys.executable, "-c", "import sys; from nx_27017.nx_27017 import main; sys.exit(main())"]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from nx_27017.nx_27017 import main; sys.exit(main())",
+    ]
 
 
 @pytest.fixture(scope="session")

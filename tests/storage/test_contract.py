@@ -189,7 +189,7 @@ async def test_list_steps__pages_by_after_and_limit(storage: Storage) -> None:
         after = page[-1].step_id
 
     assert [len(p) for p in pages] == [10, 10, 5]
-    assert sum(pages, []) == [f"s{i:03d}" for i in range(25)]
+    assert [step_id for page in pages for step_id in page] == [f"s{i:03d}" for i in range(25)]
     assert len(await storage.list_steps("j1")) == 25
     assert await storage.list_steps("missing") == []
 
@@ -341,14 +341,12 @@ async def test_counted_steps__write_cost_flat_from_empty_to_a_million(
         seconds.append(time.perf_counter() - began)
 
     assert await storage.count_counted("big", COMPLETED) == total
-    # The min of a few batches filters out pauses (GC, checkpoints, dict resizes).
-    first, last = min(seconds[:3]), min(seconds[-3:])
-    print(provider, last / first, [round(x * 1000) for x in seconds[:6]], [round(x * 1000) for x in seconds[-6:]])
+    # The min of a few batches filters out pauses (GC, checkpoints, dict resizes, other load).
+    first, last = min(seconds[:5]), min(seconds[-5:])
     assert last < ALLOWED_GROWTH[provider] * first, f"a batch took {first:.4f}s, then {last:.4f}s"
     if provider == "sqlite":
         per_record = (_sqlite_size(storage_url) - size_before) / total
         assert per_record <= 40, f"{per_record:.1f} bytes per counted record"
-        print(f"SQLite: {per_record:.1f} bytes per counted record")
 
 
 def _sqlite_size(url: str) -> int:
@@ -405,7 +403,7 @@ def _corrupt(provider: str, storage: Storage, url: str) -> None:
 
 
 _WRITER = """
-import asyncio, sys
+import asyncio, sys, time
 from choreography_ray.model import StepState
 from choreography_ray.status import StepStatus
 from choreography_ray.storage import CountedKind, StepUpdate
@@ -416,6 +414,7 @@ async def main(url, job_id, total):
     await storage.count_counted(job_id, CountedKind.COMPLETED)  # opens the file
     print("ready", flush=True)
     sys.stdin.readline()
+    began = time.time()
     ids = [f"s{i:06d}" for i in range(total)]
     for start in range(0, total, 1000):
         await storage.insert_steps(
@@ -424,6 +423,7 @@ async def main(url, job_id, total):
         await storage.update_steps(
             [StepUpdate(job_id, i, StepStatus.RUNNING, 1) for i in ids[start:start + 512]])
     await storage.add_counted(job_id, CountedKind.COMPLETED, ids)
+    print(began, time.time(), flush=True)
     await storage.close()
 
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
@@ -431,33 +431,44 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 
 
 @pytest.mark.timeout(120)
-async def test_sqlite__two_processes_write_one_file_at_once(tmp_path: Path) -> None:
+def test_sqlite__two_processes_write_one_file_at_once(tmp_path: Path) -> None:
     url, total = f"sqlite:///{tmp_path / 'shared' / 'jobs.db'}", 20_000
     writers = [
         subprocess.Popen(
             [sys.executable, "-c", _WRITER, url, job_id, str(total)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for job_id in ("job-a", "job-b")
     ]
     try:
         for writer in writers:  # both have opened the file (and raced to make the schema)
             assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
         for writer in writers:
-            writer.communicate("go\n", timeout=100)
+            writer.stdin.write("go\n")  # type: ignore[union-attr]
+            writer.stdin.flush()  # type: ignore[union-attr]
+        spans = [
+            [float(t) for t in writer.communicate(timeout=100)[0].split()] for writer in writers
+        ]
         assert [writer.returncode for writer in writers] == [0, 0]
+        assert max(began for began, _ in spans) < min(ended for _, ended in spans), "no overlap"
+
     finally:
         for writer in writers:
             if writer.poll() is None:
                 writer.kill()
 
-    storage = SqliteStorage(url)
-    try:
-        for job_id in ("job-a", "job-b"):
-            assert await storage.count_by_status(job_id) == {(0, RUNNING): total}
-            assert await storage.count_counted(job_id, COMPLETED) == total
-    finally:
-        await storage.close()
+    async def check() -> None:
+        storage = SqliteStorage(url)
+        try:
+            for job_id in ("job-a", "job-b"):
+                assert await storage.count_by_status(job_id) == {(0, RUNNING): total}
+                assert await storage.count_counted(job_id, COMPLETED) == total
+        finally:
+            await storage.close()
+
+    asyncio.run(check())
 
 
 # --- URLs ------------------------------------------------------------------------------------
