@@ -6,6 +6,8 @@ The async client is the core; the sync one runs the same coroutines to completio
 from __future__ import annotations
 
 import asyncio
+import builtins
+import logging
 import os
 import time
 from collections.abc import Coroutine
@@ -23,6 +25,7 @@ from choreography_ray.model import JobState, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.manager import JobsManagerActor
 from choreography_ray.runtime.names import DEFAULT_NAMESPACE, actor_options, manager_name
+from choreography_ray.runtime.recovery import ensure_recovery
 from choreography_ray.status import JobStatus
 from choreography_ray.types import type_path
 
@@ -68,12 +71,12 @@ class AsyncJobsManager:
         state: JobState = await self._handle.get.remote(job_id)
         return state
 
-    async def list(self, status: JobStatus | None = None) -> list[JobState]:
-        jobs: list[JobState] = await self._handle.list.remote(status)
+    async def list(self, status: JobStatus | None = None) -> builtins.list[JobState]:
+        jobs: builtins.list[JobState] = await self._handle.list.remote(status)
         return jobs
 
-    async def steps(self, job_id: str) -> list[StepState]:
-        steps: list[StepState] = await self._handle.steps.remote(job_id)
+    async def steps(self, job_id: str) -> builtins.list[StepState]:
+        steps: builtins.list[StepState] = await self._handle.steps.remote(job_id)
         return steps
 
     async def wait(self, job_id: str, timeout: float | None = None) -> JobState:
@@ -102,9 +105,9 @@ class AsyncJobsManager:
         count: int = await self._handle.operate.remote(job_id, "retry_failed_steps")
         return count
 
-    async def rehydrate(self) -> list[str]:
+    async def rehydrate(self) -> builtins.list[str]:
         """Loads the interrupted jobs and returns their ids; they resume in the background."""
-        ids: list[str] = await self._handle.rehydrate.remote()
+        ids: builtins.list[str] = await self._handle.rehydrate.remote()
         return ids
 
 
@@ -125,10 +128,10 @@ class JobsManager:
     def get(self, job_id: str) -> JobState:
         return self._run(self._inner.get(job_id))
 
-    def list(self, status: JobStatus | None = None) -> list[JobState]:
+    def list(self, status: JobStatus | None = None) -> builtins.list[JobState]:
         return self._run(self._inner.list(status))
 
-    def steps(self, job_id: str) -> list[StepState]:
+    def steps(self, job_id: str) -> builtins.list[StepState]:
         return self._run(self._inner.steps(job_id))
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobState:
@@ -146,7 +149,7 @@ class JobsManager:
     def retry_failed_steps(self, job_id: str) -> int:
         return self._run(self._inner.retry_failed_steps(job_id))
 
-    def rehydrate(self) -> list[str]:
+    def rehydrate(self) -> builtins.list[str]:
         return self._run(self._inner.rehydrate())
 
 
@@ -170,10 +173,13 @@ class Jobs:
         """Joins the Ray cluster at `address` (or starts a local one, as `ray.init` does)."""
         owns_ray = False
         if not ray.is_initialized():
-            ray.init(address=address, namespace=namespace, logging_level="WARNING",
+            ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
                      log_to_driver=True, configure_logging=True)
             owns_ray = True
-        return cls(storage or default_storage_url(), options or JobsOptions(), namespace, owns_ray)
+        jobs = cls(storage or default_storage_url(), options or JobsOptions(), namespace, owns_ray)
+        # The recovery actor rehydrates this storage's interrupted jobs now, and after node loss.
+        ensure_recovery(jobs.storage, jobs.options, namespace)
+        return jobs
 
     def _manager_handle(self, scope: str, namespace: str) -> Any:
         return JobsManagerActor.options(  # type: ignore[attr-defined]

@@ -57,8 +57,9 @@ class Job(Generic[RequestT]):
 
     def get_step_retry_delay(self, failed_attempt: int) -> timedelta:
         """`step_retry_backoff` before the second attempt, doubling up to the maximum."""
-        delay = self.options.step_retry_backoff * (2 ** max(0, failed_attempt - 1))
-        return min(delay, self.options.max_step_retry_backoff)
+        first: timedelta = self.options.step_retry_backoff
+        longest: timedelta = self.options.max_step_retry_backoff
+        return min(first * (1 << max(0, failed_attempt - 1)), longest)
 
     async def on_before_resuming_job_steps(self) -> None:
         return None

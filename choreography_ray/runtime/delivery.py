@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import ray
 
@@ -34,7 +35,7 @@ class Delivery:
         self._options = options
         self._namespace = namespace
         self._job_exists = job_exists
-        self._handles: dict[str, ray.actor.ActorHandle] = {}
+        self._handles: dict[str, Any] = {}
         self.drop: DropFilter | None = None
 
     async def deliver(
@@ -64,7 +65,7 @@ class Delivery:
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
 
-    def _handle(self, job_id: str) -> ray.actor.ActorHandle:
+    def _handle(self, job_id: str) -> Any:
         handle = self._handles.get(job_id)
         if handle is None:
             handle = ray.get_actor(job_name(job_id), namespace=self._namespace)

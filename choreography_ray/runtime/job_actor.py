@@ -832,7 +832,7 @@ class JobCore:
                         self.state = self.state.model_copy(update={"version": reloaded.version})
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
-        task = asyncio.ensure_future(coro)
+        task: asyncio.Future[Any] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

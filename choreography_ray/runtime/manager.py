@@ -4,6 +4,7 @@ job actors, reads state from storage, and drains rehydration."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import uuid
 from typing import Any
@@ -37,11 +38,11 @@ class ManagerCore:
         self._job_args = (storage_url, options_json, ray_namespace)
         self._ray_namespace = ray_namespace
         self._key_recorded = False
-        self._rehydration: asyncio.Future[list[str]] | None = None
+        self._rehydration: asyncio.Future[builtins.list[str]] | None = None
         self._drain: asyncio.Future[None] | None = None
         self.resuming = 0
         self.peak_resuming = 0
-        self.drained: list[str] = []
+        self.drained: builtins.list[str] = []
 
     async def _record_key(self) -> None:
         if not self._key_recorded:
@@ -71,8 +72,8 @@ class ManagerCore:
             await self.storage.create_job(state)
         except Exception as error:
             raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
-        error = await self.job_actor(job_id).start.remote()
-        return job_id, error
+        start_error: StartJobError | None = await self.job_actor(job_id).start.remote()
+        return job_id, start_error
 
     async def get(self, job_id: str) -> JobState:
         state = await self._owned(job_id)
@@ -91,12 +92,12 @@ class ManagerCore:
             raise JobOperationError(JobLookupError.JOB_NOT_FOUND, f"no job {job_id} in {self.key}")
         return state
 
-    async def list(self, status: JobStatus | None = None) -> list[JobState]:
+    async def list(self, status: JobStatus | None = None) -> builtins.list[JobState]:
         return await self.storage.list_jobs(self.key.scope, self.key.namespace, status)
 
-    async def steps(self, job_id: str) -> list[StepState]:
+    async def steps(self, job_id: str) -> builtins.list[StepState]:
         await self._owned(job_id)
-        steps: list[StepState] = []
+        steps: builtins.list[StepState] = []
         after: str | None = None
         while True:
             page = await self.storage.list_steps(job_id, after=after, limit=PAGE)
@@ -112,7 +113,7 @@ class ManagerCore:
 
     # -- rehydration --------------------------------------------------------------------------
 
-    async def rehydrate(self) -> list[str]:
+    async def rehydrate(self) -> builtins.list[str]:
         """Loads the interrupted jobs and returns their ids; they resume in the background,
         oldest first, at most `max_concurrent_rehydration` at a time. Overlapping calls share
         one preparation and one drain."""
@@ -123,7 +124,7 @@ class ManagerCore:
             self._rehydration = asyncio.ensure_future(self._prepare())
         return await asyncio.shield(self._rehydration)
 
-    async def _prepare(self) -> list[str]:
+    async def _prepare(self) -> builtins.list[str]:
         jobs = await self.storage.get_jobs_excluding_finalized_stops(
             self.key.scope, self.key.namespace
         )
@@ -135,7 +136,7 @@ class ManagerCore:
         self._drain = asyncio.ensure_future(self._drain_jobs(snapshot))
         return snapshot
 
-    async def _drain_jobs(self, job_ids: list[str]) -> None:
+    async def _drain_jobs(self, job_ids: builtins.list[str]) -> None:
         limit = asyncio.Semaphore(max(1, self.options.max_concurrent_rehydration))
 
         async def one(job_id: str) -> None:
@@ -153,7 +154,7 @@ class ManagerCore:
                 finally:
                     self.resuming -= 1
 
-        tasks = []
+        tasks: builtins.list[asyncio.Future[None]] = []
         for job_id in job_ids:  # oldest first: each waits its turn at the semaphore in order
             tasks.append(asyncio.ensure_future(one(job_id)))
             await asyncio.sleep(0)
@@ -182,16 +183,16 @@ class JobsManagerActor:
     async def status(self, job_id: str) -> JobState:
         return await self.core.status(job_id)
 
-    async def list(self, status: JobStatus | None = None) -> list[JobState]:
+    async def list(self, status: JobStatus | None = None) -> builtins.list[JobState]:
         return await self.core.list(status)
 
-    async def steps(self, job_id: str) -> list[StepState]:
+    async def steps(self, job_id: str) -> builtins.list[StepState]:
         return await self.core.steps(job_id)
 
     async def operate(self, job_id: str, operation: str) -> Any:
         return await self.core.operate(job_id, operation)
 
-    async def rehydrate(self) -> list[str]:
+    async def rehydrate(self) -> builtins.list[str]:
         return await self.core.rehydrate()
 
     async def drain_stats(self) -> dict[str, Any]:

@@ -6,14 +6,14 @@ import ray
 
 
 def alive_nodes() -> set[str]:
-    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}  # type: ignore[no-untyped-call]
 
 
 def alive_cpu_nodes() -> dict[str, int]:
     """Alive node ids with their CPU count (at least 1)."""
     return {
         node["NodeID"]: max(1, int(node.get("Resources", {}).get("CPU", 1)))
-        for node in ray.nodes()
+        for node in ray.nodes()  # type: ignore[no-untyped-call]
         if node.get("Alive")
     }
 

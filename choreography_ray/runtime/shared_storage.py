@@ -42,5 +42,5 @@ class _RemoteStorage:
 
 def open_shared_storage(url: str, namespace: str) -> Storage:
     if url.lower().startswith("memory:"):
-        return _RemoteStorage(url, namespace)  # type: ignore[return-value]
+        return _RemoteStorage(url, namespace)
     return open_storage(url)

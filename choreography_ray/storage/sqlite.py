@@ -306,7 +306,6 @@ class SqliteStorage:
             connection = sqlite3.connect(
                 self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
             )
-            connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             (mode,) = connection.execute("PRAGMA journal_mode = WAL").fetchone()
             if mode != "wal":
                 raise sqlite3.OperationalError(f"journal mode is {mode!r}, not WAL")
@@ -327,7 +326,9 @@ class SqliteStorage:
             self._connection = None
 
 
-def _transaction(connection: sqlite3.Connection, work: Callable[[sqlite3.Connection], object]) -> None:
+def _transaction(
+    connection: sqlite3.Connection, work: Callable[[sqlite3.Connection], object]
+) -> None:
     # The work's result (often a cursor) is dropped here, in the connection's thread: a cursor
     # finalized on another thread resets its statement concurrently, which SQLite calls misuse.
     connection.execute("BEGIN IMMEDIATE")
@@ -438,18 +439,15 @@ def _step(row: Sequence[Any]) -> StepState:
     return _parse(StepState, _STEP_COLUMNS, row, "job_steps", f"{row[0]}/{row[1]}")
 
 
-def _parse(
-    model: type[_M], columns: tuple[str, ...], row: Sequence[Any], collection: str, key: str
-) -> _M:
-    record: dict[str, Any] = {}
-    for column, value in zip(columns, row, strict=True):
+def _parse(model: type[_M], columns: Sequence[str], row: Sequence[Any], table: str, key: str) -> _M:
+    record: dict[str, Any] = dict(zip(columns, row, strict=True))
+    for column in _JSON_COLUMNS.intersection(columns):
         try:
-            is_json = column in _JSON_COLUMNS and value is not None
-            record[column] = json.loads(value) if is_json else value
+            record[column] = None if record[column] is None else json.loads(record[column])
         except ValueError as exc:
-            raise CorruptRecordError(collection, key, f"{column}: {exc}") from exc
+            raise CorruptRecordError(table, key, f"{column}: {exc}") from exc
     try:
         return model.model_validate(record)
     except ValidationError as exc:
         reason = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise CorruptRecordError(collection, key, reason) from exc
+        raise CorruptRecordError(table, key, reason) from exc

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from choreography_ray.storage import Storage, open_storage
+from choreography_ray.storage import Storage, open_storage, redact_url
 
 MONGODB_URI_ENV = "CHOREOGRAPHY_MONGODB_URI"
 #: How long a started nx-27017 server may take to accept connections, in seconds.
@@ -90,6 +90,8 @@ def _nx_command() -> list[str]:
 def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a MongoDB wire-protocol server, without a database."""
     if uri := os.environ.get(MONGODB_URI_ENV):
+        if error := _ping(uri):
+            missing_service(f"{MONGODB_URI_ENV}={redact_url(uri)} does not answer: {error}")
         yield uri
         return
     home = tmp_path_factory.mktemp("nx-27017")
@@ -107,11 +109,13 @@ def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             missing_service(f"cannot start nx-27017: {exc}")
     deadline = time.monotonic() + SERVER_START_SECONDS
     while not _accepts(port):
-        if server.poll() is not None or time.monotonic() > deadline:
+        exited = server.poll() is not None
+        if exited or time.monotonic() > deadline:
             server.kill()
             server.wait()
+            why = f"exited ({server.returncode})" if exited else "timed out"
             log = (home / "output.log").read_text(errors="replace")[-2000:]
-            missing_service(f"nx-27017 did not accept connections on port {port}:\n{log}")
+            missing_service(f"nx-27017 on port {port} {why} before accepting connections\n{log}")
         time.sleep(0.1)
     try:
         yield f"mongodb://127.0.0.1:{port}/"
@@ -122,6 +126,18 @@ def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _ping(url: str) -> str | None:
+    """None when the server answers, else why not."""
+    import pymongo
+
+    try:
+        with pymongo.MongoClient(url, serverSelectionTimeoutMS=5000) as client:
+            client.admin.command("ping")
+    except pymongo.errors.PyMongoError as exc:
+        return str(exc).split(", Timeout")[0]
+    return None
 
 
 def _with_database(url: str, database: str) -> str:

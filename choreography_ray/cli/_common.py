@@ -1,0 +1,81 @@
+"""What the command groups share: exit codes, the storage option, consoles, JSON output."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from choreography_ray.model import JobState
+from choreography_ray.status import JobStatus
+
+#: Human output (tables, progress) goes to stdout; diagnostics go to stderr, so that the JSON
+#: `run` and `status --json` print on stdout stays parseable.
+console = Console()
+err_console = Console(stderr=True)
+
+
+class ExitCode(enum.IntEnum):
+    """The exit codes of every command (docs/cli.md lists them)."""
+
+    #: The job completed successfully (`run`), or the command did what it was asked.
+    OK = 0
+    #: The job ended COMPLETED_WITH_FAILURES, FAILED or STOPPED, or could not be started.
+    JOB_NOT_SUCCESSFUL = 1
+    #: Bad input: unreadable or invalid request, unknown job type, bad storage URL, no such job.
+    #: (click's usage errors exit 2 as well.)
+    BAD_INPUT = 2
+    #: `--timeout` passed before the job reached a terminal or stopped status.
+    TIMEOUT = 3
+    #: Interrupted (Ctrl-C), as a shell reports SIGINT.
+    INTERRUPTED = 130
+
+
+StorageOption = Annotated[
+    str | None,
+    typer.Option(
+        "--storage",
+        help="Storage URL: sqlite:///path.db, mongodb://host/db or memory://. "
+        "[default: $CHOREOGRAPHY_STORAGE, else ~/.local/share/choreography-ray/jobs.db]",
+        show_default=False,
+    ),
+]
+
+
+def resolve_storage(url: str | None) -> str:
+    """The storage URL the actors get: the default when none is given, and a relative SQLite
+    path made absolute against this command's working directory (Ray workers run elsewhere)."""
+    from choreography_ray.client import default_storage_url
+
+    url = url or default_storage_url()
+    prefix = "sqlite:///"
+    if url.startswith(prefix):
+        path = Path(url[len(prefix) :]).expanduser()
+        if not path.is_absolute():
+            return f"{prefix}{path.resolve()}"
+        return f"{prefix}{path}"
+    return url
+
+
+def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> NoReturn:
+    """Prints `message` on stderr and exits with `code`."""
+    err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def state_json(state: JobState) -> str:
+    """A job state as the JSON `run` and `status --json` print. The counted-step lists are left
+    out: they hold one id per step of a resumed job, up to hundreds of thousands."""
+    data: dict[str, Any] = state.model_dump(
+        mode="json", exclude={"completed_steps_counted", "stopped_steps_counted"}
+    )
+    return json.dumps(data, indent=2)
+
+
+def exit_code_for(status: JobStatus) -> ExitCode:
+    return ExitCode.OK if status is JobStatus.COMPLETED_SUCCESSFULLY else ExitCode.JOB_NOT_SUCCESSFUL

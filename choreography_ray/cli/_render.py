@@ -1,0 +1,130 @@
+"""Rich renderings of job and step state, shared by `demo`, `run`, `status` and `list`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+from rich.table import Table
+from rich.text import Text
+
+from choreography_ray.model import JobState, StepState
+from choreography_ray.status import JobStageFailureBehavior, JobStatus
+
+#: How many failed steps' messages a command shows.
+FAILED_STEPS_SHOWN = 5
+
+_STATUS_STYLE = {
+    JobStatus.COMPLETED_SUCCESSFULLY: "bold green",
+    JobStatus.COMPLETED_WITH_FAILURES: "bold yellow",
+    JobStatus.FAILED: "bold red",
+    JobStatus.STOPPED: "bold magenta",
+}
+
+
+def status_text(status: JobStatus) -> Text:
+    return Text(status.name, style=_STATUS_STYLE.get(status, "bold"))
+
+
+def job_duration(state: JobState) -> timedelta | None:
+    """From the job's first status change to its last, as stored."""
+    changes = state.status_changes
+    if len(changes) < 2:
+        return None
+    return changes[-1].occurred - changes[0].occurred
+
+
+def outcome_table(
+    state: JobState,
+    elapsed: float | None = None,
+    failure_behavior: Callable[[int], JobStageFailureBehavior] | None = None,
+) -> Table:
+    """The job's status and counts, with one row per stage. `elapsed` is in seconds; without it
+    the stored status history gives the duration."""
+    progress = state.progress
+    if elapsed is None:
+        duration = job_duration(state)
+        elapsed = duration.total_seconds() if duration is not None else None
+    table = Table(title=f"Job {state.id}", title_justify="left", show_header=True)
+    table.add_column("Stage", justify="right")
+    if failure_behavior is not None:
+        table.add_column("On failure")
+    for column in ("Total", "Successful", "Failed", "Unreachable", "Stopped"):
+        table.add_column(column, justify="right")
+    for stage in progress.stages:
+        behavior = [failure_behavior(stage.stage).name] if failure_behavior is not None else []
+        table.add_row(
+            str(stage.stage),
+            *behavior,
+            f"{stage.total_steps:,}",
+            f"{stage.successful_steps:,}",
+            f"{stage.failed_steps:,}",
+            f"{stage.unreachable_steps:,}",
+            f"{stage.stopped_steps:,}",
+        )
+    table.add_section()
+    table.add_row(
+        Text("all", style="bold"),
+        *([""] if failure_behavior is not None else []),
+        f"{progress.total_steps:,}",
+        f"{progress.successful_steps:,}",
+        f"{progress.failed_steps:,}",
+        f"{progress.unreachable_steps:,}",
+        f"{progress.stopped_steps:,}",
+        style="bold",
+    )
+    caption = Text.assemble("Status ", status_text(state.status), f"   type {state.type}")
+    if elapsed is not None and elapsed > 0:
+        rate = progress.total_steps / elapsed
+        caption.append(f"   elapsed {elapsed:.2f} s   {rate:,.0f} steps/s")
+    if state.error:
+        caption.append(f"\nerror: {state.error}", style="red")
+    table.caption = caption
+    table.caption_justify = "left"
+    return table
+
+
+def failed_steps_table(steps: Sequence[StepState], failed_total: int) -> Table:
+    """The first failed (or unreachable) steps with their last status change's messages."""
+    shown = list(steps)[:FAILED_STEPS_SHOWN]
+    table = Table(
+        title=f"Failed steps ({len(shown)} of {failed_total:,})",
+        title_justify="left",
+    )
+    table.add_column("Step")
+    table.add_column("Stage", justify="right")
+    table.add_column("Status")
+    table.add_column("Attempt", justify="right")
+    table.add_column("Message", overflow="fold")
+    for step in shown:
+        messages = step.status_changes[-1].exception_messages if step.status_changes else ()
+        table.add_row(
+            step.step_id, str(step.stage), step.status.name, str(step.attempt),
+            "\n".join(messages) or "-",
+        )  # fmt: skip
+    return table
+
+
+def jobs_table(states: Sequence[JobState]) -> Table:
+    """One row per job: what `list` prints."""
+    table = Table(title=f"{len(states)} job(s)", title_justify="left")
+    table.add_column("Job")
+    table.add_column("Scope/namespace")
+    table.add_column("Type", overflow="fold")
+    table.add_column("Status")
+    table.add_column("Done", justify="right")
+    table.add_column("Failed", justify="right")
+    table.add_column("Created (UTC)")
+    for state in states:
+        progress = state.progress
+        done = progress.successful_steps + progress.failed_steps + progress.unreachable_steps
+        table.add_row(
+            state.id,
+            f"{state.scope}/{state.namespace}",
+            state.type,
+            status_text(state.status),
+            f"{done:,}/{progress.total_steps:,}",
+            f"{progress.failed_steps + progress.unreachable_steps:,}",
+            state.created.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    return table

@@ -1,0 +1,106 @@
+"""`choreography-ray demo`: run the built-in demo job and show how it went.
+
+It starts `choreography_ray.examples.demo:DemoJob` (set-up, a fan-out in which 1 % of the steps
+fail, a final step), shows a progress bar while it runs, then the outcome per stage and the
+messages of a few failed steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from choreography_ray.cli._common import ExitCode, StorageOption, console, resolve_storage
+from choreography_ray.cli._render import failed_steps_table, outcome_table
+from choreography_ray.status import StepStatus
+
+#: The jobs manager the demo runs under: `choreography-ray list --scope demo` finds its jobs.
+DEMO_SCOPE = "demo"
+DEMO_NAMESPACE = "default"
+#: How often the progress bar reads the job, in seconds.
+POLL_SECONDS = 0.25
+
+
+def demo(
+    steps: Annotated[
+        int,
+        typer.Option("--steps", min=3, max=1_000_000, help="Steps in the job, all stages."),
+    ] = 3_000,
+    storage: StorageOption = None,
+) -> None:
+    """Run the built-in demo job: 3 stages, 1 % of the fan-out fails; show progress and outcome."""
+    # Imported here so that `choreography-ray --help` does not import Ray.
+    import choreography_ray as cr
+    from choreography_ray.client import SETTLED
+    from choreography_ray.examples.demo import DemoJob, DemoRequest
+
+    url = resolve_storage(storage)
+    console.print(f"Connecting to Ray (storage {url}) ...", highlight=False)
+    with cr.Jobs.connect(storage=url) as jobs:
+        manager = jobs.manager(DEMO_SCOPE, DEMO_NAMESPACE)
+        began = time.monotonic()
+        started = manager.start(DemoJob, DemoRequest(steps=steps))
+        console.print(f"Started job {started.job_id} ({steps:,} steps)", highlight=False)
+        try:
+            with Progress(
+                TextColumn("{task.description:<16}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TaskProgressColumn(),
+                TextColumn("[red]{task.fields[failed]:,} failed"),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task("PreparingJob", total=steps, failed=0)
+                while True:
+                    state = manager.get(started.job_id)
+                    counts = state.progress
+                    failed = counts.failed_steps + counts.unreachable_steps
+                    bar.update(
+                        task,
+                        description=state.status.value,
+                        total=counts.total_steps or steps,
+                        completed=counts.successful_steps + failed,
+                        failed=failed,
+                    )
+                    if state.status in SETTLED:
+                        break
+                    time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            console.print(f"Interrupted: stopping job {started.job_id}")
+            manager.stop(started.job_id)
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
+        elapsed = time.monotonic() - began
+        failed_steps = [
+            s
+            for s in manager.steps(started.job_id)
+            if s.status.is_failure or s.status is StepStatus.UNREACHABLE
+        ]
+
+    console.print()
+    console.print(outcome_table(state, elapsed, DemoJob().get_failure_behavior_for))
+    if failed_steps:
+        console.print()
+        console.print(failed_steps_table(failed_steps, len(failed_steps)))
+    console.print()
+    console.print(
+        f"Inspect it again: choreography-ray status {state.id} --storage {url}", highlight=False
+    )
+    # The demo is meant to end with failures: any terminal status is a demo that ran. Only a
+    # job stopped from outside (`choreography-ray` has no other way to end early) is not.
+    if not state.status.is_terminal:
+        raise typer.Exit(ExitCode.JOB_NOT_SUCCESSFUL)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
