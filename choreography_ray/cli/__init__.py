@@ -14,6 +14,7 @@ from typing import Annotated, Protocol
 import typer
 
 from choreography_ray import __version__
+from choreography_ray.cli import demo, jobs, run
 
 #: The name the console script is installed under (see `[project.scripts]`).
 PROG_NAME = "choreography-ray"
@@ -56,7 +57,11 @@ def _root(
 
 # Command groups, in the order `--help` lists them. Each is a module of this package with
 # `register(app)`; e.g. `from choreography_ray.cli import demo` above and `demo,` here.
-_COMMAND_GROUPS: tuple[CommandGroup, ...] = ()
+_COMMAND_GROUPS: tuple[CommandGroup, ...] = (
+    demo,
+    run,
+    jobs,
+)
 
 for _group in _COMMAND_GROUPS:
     _group.register(app)

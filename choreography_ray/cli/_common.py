@@ -40,9 +40,8 @@ StorageOption = Annotated[
     str | None,
     typer.Option(
         "--storage",
-        help="Storage URL: sqlite:///path.db, mongodb://host/db or memory://. "
-        "[default: $CHOREOGRAPHY_STORAGE, else ~/.local/share/choreography-ray/jobs.db]",
-        show_default=False,
+        help="Storage URL: sqlite:///path.db, mongodb://host/db or memory://.",
+        show_default="$CHOREOGRAPHY_STORAGE, else ~/.local/share/choreography-ray/jobs.db",
     ),
 ]
 
@@ -78,4 +77,6 @@ def state_json(state: JobState) -> str:
 
 
 def exit_code_for(status: JobStatus) -> ExitCode:
-    return ExitCode.OK if status is JobStatus.COMPLETED_SUCCESSFULLY else ExitCode.JOB_NOT_SUCCESSFUL
+    return (
+        ExitCode.OK if status is JobStatus.COMPLETED_SUCCESSFULLY else ExitCode.JOB_NOT_SUCCESSFUL
+    )
