@@ -1,6 +1,6 @@
 """An N-step no-op job against N bare Ray tasks, in one run: prints both times and the ratio.
 
-    python benchmarks/fanout.py --steps 100000 --storage sqlite:///bench.db
+python benchmarks/fanout.py --steps 100000 --storage sqlite:///bench.db
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import choreography_ray as cr  # noqa: E402
-from benchmarks.workloads import BenchJob, BenchRequest  # noqa: E402
+import choreography_ray as cr
+from benchmarks.workloads import BenchJob, BenchRequest
 
 
 @ray.remote
@@ -31,12 +31,14 @@ def bare_tasks(n: int) -> float:
     return time.perf_counter() - started
 
 
-def durable_job(jobs: cr.Jobs, n: int, stages: int = 1, fail_rate: float = 0.0,
-                step_ms: float = 0.0) -> tuple[float, cr.JobState]:
+def durable_job(
+    jobs: cr.Jobs, n: int, stages: int = 1, fail_rate: float = 0.0, step_ms: float = 0.0
+) -> tuple[float, cr.JobState]:
     manager = jobs.manager("bench", "fanout")
     started = time.perf_counter()
-    job = manager.start(BenchJob, BenchRequest(steps=n, stages=stages, fail_rate=fail_rate,
-                                               step_ms=step_ms))
+    job = manager.start(
+        BenchJob, BenchRequest(steps=n, stages=stages, fail_rate=fail_rate, step_ms=step_ms)
+    )
     state = manager.wait(job.job_id, timeout=3600)
     return time.perf_counter() - started, state
 

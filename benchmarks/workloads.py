@@ -18,7 +18,9 @@ class BenchStep(cr.JobStep[BenchItem]):
     async def perform(self, request: BenchItem, context: cr.StepContext) -> cr.StepResult:
         if request.ms:
             await asyncio.sleep(request.ms / 1000)
-        return cr.StepResult.failed("simulated failure") if request.fail else cr.StepResult.succeeded()
+        if request.fail:
+            return cr.StepResult.failed("simulated failure")
+        return cr.StepResult.succeeded()
 
 
 class BenchRequest(BaseModel):

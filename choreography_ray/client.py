@@ -33,8 +33,12 @@ T = TypeVar("T")
 
 #: Statuses `wait` returns at.
 SETTLED = frozenset(
-    {JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED,
-     JobStatus.STOPPED}
+    {
+        JobStatus.COMPLETED_SUCCESSFULLY,
+        JobStatus.COMPLETED_WITH_FAILURES,
+        JobStatus.FAILED,
+        JobStatus.STOPPED,
+    }
 )
 
 
@@ -62,7 +66,9 @@ class AsyncJobsManager:
         self.scope = scope
         self.namespace = namespace
 
-    async def start(self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]) -> StartedJob:
+    async def start(
+        self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]
+    ) -> StartedJob:
         payload = request.model_dump(mode="json") if isinstance(request, BaseModel) else request
         job_id, error = await self._handle.start.remote(type_path(job_type), payload)
         return StartedJob(job_id, error)
@@ -79,7 +85,7 @@ class AsyncJobsManager:
         steps: builtins.list[StepState] = await self._handle.steps.remote(job_id)
         return steps
 
-    async def wait(self, job_id: str, timeout: float | None = None) -> JobState:
+    async def wait(self, job_id: str, timeout: float | None = None) -> JobState:  # noqa: ASYNC109
         """Returns at a terminal or stopped status; `JobTimeoutError` after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
@@ -173,8 +179,13 @@ class Jobs:
         """Joins the Ray cluster at `address` (or starts a local one, as `ray.init` does)."""
         owns_ray = False
         if not ray.is_initialized():
-            ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
-                     log_to_driver=True, configure_logging=True)
+            ray.init(
+                address=address,
+                namespace=namespace,
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+                configure_logging=True,
+            )
             owns_ray = True
         jobs = cls(storage or default_storage_url(), options or JobsOptions(), namespace, owns_ray)
         # The recovery actor rehydrates this storage's interrupted jobs now, and after node loss.

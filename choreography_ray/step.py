@@ -1,4 +1,4 @@
-"""The user's step type: `JobStep`, what it returns (`StepResult`) and what it sees (`StepContext`)."""
+"""The user's step type: `JobStep`, its outcome (`StepResult`) and what it sees (`StepContext`)."""
 
 from __future__ import annotations
 

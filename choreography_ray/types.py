@@ -25,7 +25,9 @@ def type_path(cls: type) -> str:
 def import_type(path: str, allowed_prefixes: Sequence[str] | None = None) -> type:
     """The class `path` names; `TypeImportError` naming the path when it cannot be had."""
     if allowed_prefixes is not None and not any(path.startswith(p) for p in allowed_prefixes):
-        raise TypeImportError(f"type {path!r} is not under the allowed prefixes {list(allowed_prefixes)}")
+        raise TypeImportError(
+            f"type {path!r} is not under the allowed prefixes {list(allowed_prefixes)}"
+        )
     return _import(path)
 
 

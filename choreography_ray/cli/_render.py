@@ -45,34 +45,26 @@ def outcome_table(
     if elapsed is None:
         duration = job_duration(state)
         elapsed = duration.total_seconds() if duration is not None else None
-    table = Table(title=f"Job {state.id}", title_justify="left", show_header=True)
+    # The stopped column only when something was stopped: a completed job has none.
+    stopped = progress.stopped_steps > 0 or any(s.stopped_steps for s in progress.stages)
+    table = Table(title=f"Job {state.id}", title_justify="left")
     table.add_column("Stage", justify="right")
     if failure_behavior is not None:
         table.add_column("On failure")
-    for column in ("Total", "Successful", "Failed", "Unreachable", "Stopped"):
+    for column in ("Total", "Successful", "Failed", "Unreachable", "Stopped")[
+        : 5 if stopped else 4
+    ]:
         table.add_column(column, justify="right")
     for stage in progress.stages:
-        behavior = [failure_behavior(stage.stage).name] if failure_behavior is not None else []
-        table.add_row(
-            str(stage.stage),
-            *behavior,
-            f"{stage.total_steps:,}",
-            f"{stage.successful_steps:,}",
-            f"{stage.failed_steps:,}",
-            f"{stage.unreachable_steps:,}",
-            f"{stage.stopped_steps:,}",
-        )
+        behavior = [failure_behavior(stage.stage).value] if failure_behavior is not None else []
+        counts = (stage.total_steps, stage.successful_steps, stage.failed_steps,
+                  stage.unreachable_steps, stage.stopped_steps)  # fmt: skip
+        table.add_row(str(stage.stage), *behavior, *_counts(counts, stopped))
     table.add_section()
-    table.add_row(
-        Text("all", style="bold"),
-        *([""] if failure_behavior is not None else []),
-        f"{progress.total_steps:,}",
-        f"{progress.successful_steps:,}",
-        f"{progress.failed_steps:,}",
-        f"{progress.unreachable_steps:,}",
-        f"{progress.stopped_steps:,}",
-        style="bold",
-    )
+    counts = (progress.total_steps, progress.successful_steps, progress.failed_steps,
+              progress.unreachable_steps, progress.stopped_steps)  # fmt: skip
+    blank = [""] if failure_behavior is not None else []
+    table.add_row("all", *blank, *_counts(counts, stopped), style="bold")
     caption = Text.assemble("Status ", status_text(state.status), f"   type {state.type}")
     if elapsed is not None and elapsed > 0:
         rate = progress.total_steps / elapsed
@@ -82,6 +74,10 @@ def outcome_table(
     table.caption = caption
     table.caption_justify = "left"
     return table
+
+
+def _counts(counts: tuple[int, ...], stopped: bool) -> list[str]:
+    return [f"{n:,}" for n in counts[: len(counts) if stopped else len(counts) - 1]]
 
 
 def failed_steps_table(steps: Sequence[StepState], failed_total: int) -> Table:
@@ -94,14 +90,10 @@ def failed_steps_table(steps: Sequence[StepState], failed_total: int) -> Table:
     table.add_column("Step")
     table.add_column("Stage", justify="right")
     table.add_column("Status")
-    table.add_column("Attempt", justify="right")
     table.add_column("Message", overflow="fold")
     for step in shown:
         messages = step.status_changes[-1].exception_messages if step.status_changes else ()
-        table.add_row(
-            step.step_id, str(step.stage), step.status.name, str(step.attempt),
-            "\n".join(messages) or "-",
-        )  # fmt: skip
+        table.add_row(step.step_id, str(step.stage), step.status.name, "\n".join(messages) or "-")
     return table
 
 

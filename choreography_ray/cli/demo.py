@@ -94,7 +94,9 @@ def demo(
         console.print(failed_steps_table(failed_steps, len(failed_steps)))
     console.print()
     console.print(
-        f"Inspect it again: choreography-ray status {state.id} --storage {url}", highlight=False
+        f"Inspect it again: choreography-ray status {state.id} --storage {url}",
+        highlight=False,
+        soft_wrap=True,
     )
     # The demo is meant to end with failures: any terminal status is a demo that ran. Only a
     # job stopped from outside (`choreography-ray` has no other way to end early) is not.

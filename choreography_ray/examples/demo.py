@@ -48,6 +48,7 @@ class Document(BaseModel):
     """The request of one fan-out step."""
 
     index: str
+    #: 1 to N - 2.
     number: int
     fail: bool = False
     work_ms: float = 0.0
@@ -94,10 +95,10 @@ class DemoJob(cr.Job[DemoRequest]):
             Document(
                 index=self.INDEX,
                 number=n,
-                fail=every > 0 and n % every == every - 1,
+                fail=every > 0 and n % every == 0,
                 work_ms=request.work_ms,
             )
-            for n in range(request.steps - FIXED_STEPS)
+            for n in range(1, request.steps - FIXED_STEPS + 1)
         )
         return [
             self.create_step(OpenIndex, index, stage=SETUP_STAGE),

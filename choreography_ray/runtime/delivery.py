@@ -59,7 +59,11 @@ class Delivery:
                 if not unlimited and attempt >= self._options.step_delivery_max_attempts:
                     log.warning(
                         "gave up delivering %d outcomes to job %s after %d attempts (%s); "
-                        "the watchdog settles them", len(outcomes), job_id, attempt, error,
+                        "the watchdog settles them",
+                        len(outcomes),
+                        job_id,
+                        attempt,
+                        error,
                     )
                     return False
             await asyncio.sleep(delay)

@@ -3,6 +3,7 @@ by default (`JobsOptions.step_hosts_per_node`), and dedicated step actors."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -55,8 +56,6 @@ class HostPool:
         return name, handle
 
     def kill_dedicated(self, job_id: str, step_id: str) -> None:
-        try:
-            ray.kill(ray.get_actor(step_actor_name(job_id, step_id), namespace=self._namespace),
-                     no_restart=True)
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):
+            name = step_actor_name(job_id, step_id)
+            ray.kill(ray.get_actor(name, namespace=self._namespace), no_restart=True)

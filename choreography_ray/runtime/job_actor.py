@@ -137,12 +137,17 @@ class JobCore:
                 await self._set_status(JobStatus.FAILED, message, error=message)
             raise ChoreographyError(message) from error
         job.job_id, job.scope, job.namespace, job.options = (
-            self.job_id, self.state.scope, self.state.namespace, self.options,
+            self.job_id,
+            self.state.scope,
+            self.state.namespace,
+            self.options,
         )
         self.job = job
         if self.state.records_counted_steps:
             self.counted = set(await self.storage.list_counted(self.job_id, CountedKind.COMPLETED))
-        self.stopped_counted = set(await self.storage.list_counted(self.job_id, CountedKind.STOPPED))
+        self.stopped_counted = set(
+            await self.storage.list_counted(self.job_id, CountedKind.STOPPED)
+        )
 
     async def recover(self) -> None:
         """What rehydration does to this job: resume it, or finish its stop; never both."""
@@ -195,9 +200,18 @@ class JobCore:
             request = spec.request.model_dump(mode="json")
             records.append(
                 StepState.model_construct(
-                    job_id=self.job_id, step_id=step_id, type=spec.step_type, stage=spec.stage,
-                    status=StepStatus.SCHEDULED, attempt=0, lease=None, is_prepared=True,
-                    request=request, status_changes=(), updated=now, schema_version=1,
+                    job_id=self.job_id,
+                    step_id=step_id,
+                    type=spec.step_type,
+                    stage=spec.stage,
+                    status=StepStatus.SCHEDULED,
+                    attempt=0,
+                    lease=None,
+                    is_prepared=True,
+                    request=request,
+                    status_changes=(),
+                    updated=now,
+                    schema_version=1,
                 )
             )
             self.plan.setdefault(spec.stage, []).append(
@@ -209,8 +223,11 @@ class JobCore:
         self.stages = Stages.from_totals(totals)
         assert self.state is not None
         self.state = self.state.model_copy(
-            update={"has_plan": True, "progress": self.stages.progress(),
-                    "stage": self.stages.first()}
+            update={
+                "has_plan": True,
+                "progress": self.stages.progress(),
+                "stage": self.stages.first(),
+            }
         )
         await self._set_status(JobStatus.PREPARING_STEPS)
 
@@ -248,8 +265,11 @@ class JobCore:
         results = await asyncio.gather(*tasks)
         if all(results):
             return None
-        return (StartJobError.FAILED_STARTING_ALL_JOB_STEPS if not any(results)
-                else StartJobError.FAILED_STARTING_SOME_JOB_STEPS)
+        return (
+            StartJobError.FAILED_STARTING_ALL_JOB_STEPS
+            if not any(results)
+            else StartJobError.FAILED_STARTING_SOME_JOB_STEPS
+        )
 
     async def _stored_unfinished(self, stage: int) -> list[StepStart]:
         """The stage's unfinished steps from storage, the ones that were running first."""
@@ -271,8 +291,10 @@ class JobCore:
         assert self.job is not None
         counter = self.stages[stage]
         later = self.stages.after(stage)
-        if counter.has_failures and later and (
-            self.job.get_failure_behavior_for(stage) is JobStageFailureBehavior.STOP_JOB
+        if (
+            counter.has_failures
+            and later
+            and (self.job.get_failure_behavior_for(stage) is JobStageFailureBehavior.STOP_JOB)
         ):
             await self._mark_unreachable(later)
         elif later:
@@ -286,11 +308,15 @@ class JobCore:
         for stage in stages:
             after: str | None = None
             while True:
-                page = await self.storage.list_steps(self.job_id, stage=stage, after=after,
-                                                     limit=PAGE)
+                page = await self.storage.list_steps(
+                    self.job_id, stage=stage, after=after, limit=PAGE
+                )
                 await self.storage.update_steps(
-                    [StepUpdate(self.job_id, s.step_id, change_status, s.attempt)
-                     for s in page if s.status is not change_status]
+                    [
+                        StepUpdate(self.job_id, s.step_id, change_status, s.attempt)
+                        for s in page
+                        if s.status is not change_status
+                    ]
                 )
                 if len(page) < PAGE:
                     break
@@ -304,8 +330,11 @@ class JobCore:
             return
         self.halted = True
         progress = self.stages.progress()
-        status = (JobStatus.COMPLETED_WITH_FAILURES if progress.has_failures
-                  else JobStatus.COMPLETED_SUCCESSFULLY)
+        status = (
+            JobStatus.COMPLETED_WITH_FAILURES
+            if progress.has_failures
+            else JobStatus.COMPLETED_SUCCESSFULLY
+        )
         await self._set_status(status)
         try:
             await self.job.on_completed()
@@ -336,8 +365,12 @@ class JobCore:
         """Starts pending steps while the window and the start throttle allow."""
         started: list[asyncio.Future[bool]] = []
         room = self.window - len(self.active)
-        while (self.pending and room > 0 and not self.halted
-               and self._starts_in_flight < self.options.effective_max_concurrent_step_starts):
+        while (
+            self.pending
+            and room > 0
+            and not self.halted
+            and self._starts_in_flight < self.options.effective_max_concurrent_step_starts
+        ):
             batch: list[StepStart] = []
             size = int(min(self.options.step_batch_size, room))
             while self.pending and len(batch) < size:
@@ -353,8 +386,9 @@ class JobCore:
             if self._is_dedicated(start.type):
                 assert self.job is not None
                 step_type = import_type(start.type, self.options.allowed_type_prefixes)
-                name, handle = self.hosts.dedicated(self.job_id, start.step_id,
-                                                    getattr(step_type, "actor_options", {}))
+                name, handle = self.hosts.dedicated(
+                    self.job_id, start.step_id, getattr(step_type, "actor_options", {})
+                )
                 self._dedicated[start.step_id] = handle
                 tasks.append(self._spawn(self._start_on(name, handle, [start])))
             else:
@@ -371,8 +405,9 @@ class JobCore:
         try:
             await handle.start_steps.remote(self.job_id, self.hosts.context, batch)
         except Exception as error:
-            log.warning("job %s: starting %d steps on %s failed: %s", self.job_id, len(batch),
-                        name, error)
+            log.warning(
+                "job %s: starting %d steps on %s failed: %s", self.job_id, len(batch), name, error
+            )
             for start in batch:
                 if self.active.get(start.step_id, (None,))[0] == start:
                     del self.active[start.step_id]
@@ -381,12 +416,15 @@ class JobCore:
             return False
         else:
             self._watch(name, handle)
-            if self.halted and self.state is not None and self.state.status in (
-                JobStatus.STOPPED, JobStatus.REMOVING
+            if (
+                self.halted
+                and self.state is not None
+                and self.state.status in (JobStatus.STOPPED, JobStatus.REMOVING)
             ):
                 # The stop reached this host before these steps did: tell them again.
-                await handle.cancel_steps.remote(self.job_id,
-                                                 self.state.status is JobStatus.REMOVING)
+                await handle.cancel_steps.remote(
+                    self.job_id, self.state.status is JobStatus.REMOVING
+                )
             return True
         finally:
             self._starts_in_flight -= 1
@@ -400,7 +438,9 @@ class JobCore:
 
     def _is_dedicated(self, type_path: str) -> bool:
         step_type = import_type(type_path, self.options.allowed_type_prefixes)
-        return isinstance(step_type, type) and issubclass(step_type, JobStep) and step_type.dedicated
+        return (
+            isinstance(step_type, type) and issubclass(step_type, JobStep) and step_type.dedicated
+        )
 
     def _watch(self, name: str, handle: Any) -> None:
         """Learns from Ray's error on a never-returning call that a host died."""
@@ -418,8 +458,12 @@ class JobCore:
         if self.options.lease_seconds is None:
             lost = [start for start, host in self.active.values() if host == name]
             if lost:
-                log.warning("job %s: host %s died with %d steps; starting them again",
-                            self.job_id, name, len(lost))
+                log.warning(
+                    "job %s: host %s died with %d steps; starting them again",
+                    self.job_id,
+                    name,
+                    len(lost),
+                )
                 self._requeue(lost)
         self.hosts.refresh()
 
@@ -484,8 +528,11 @@ class JobCore:
         self.counted.add(step_id)
         self._new_counted.append(step_id)
         if len(self.counted) == COUNTED_WARNING_THRESHOLD:
-            log.warning("job %s has %d counted-step records; recording goes on",
-                        self.job_id, COUNTED_WARNING_THRESHOLD)
+            log.warning(
+                "job %s has %d counted-step records; recording goes on",
+                self.job_id,
+                COUNTED_WARNING_THRESHOLD,
+            )
 
     async def _check_stage(self) -> None:
         assert self.state is not None
@@ -501,8 +548,11 @@ class JobCore:
         stage = self.state.stage
         if (
             self.awaiting_admission is None
-            and not self.pending and not self.active and not self.retries.pending
-            and not self.start_failed and stage in self.stages.counters
+            and not self.pending
+            and not self.active
+            and not self.retries.pending
+            and not self.start_failed
+            and stage in self.stages.counters
             and self.stages[stage].is_completed
         ):
             await self._on_stage_done(stage)
@@ -512,8 +562,9 @@ class JobCore:
     async def stop(self) -> None:
         state = await self.ready()
         if state.status.is_terminal or state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
-            raise JobOperationError(StopJobError.JOB_IS_NOT_RUNNING,
-                                    f"job {self.job_id} is {state.status}")
+            raise JobOperationError(
+                StopJobError.JOB_IS_NOT_RUNNING, f"job {self.job_id} is {state.status}"
+            )
         try:
             await self._set_status(JobStatus.STOPPED, stop_finalized=False)
         except Exception as error:
@@ -567,8 +618,12 @@ class JobCore:
             *(self.hosts.hosts[n].running_steps.remote(self.job_id) for n in names),
             return_exceptions=True,
         )
-        host_of = {step_id: name for name, answer in zip(names, answers, strict=True)
-                   if isinstance(answer, list) for step_id in answer}
+        host_of = {
+            step_id: name
+            for name, answer in zip(names, answers, strict=True)
+            if isinstance(answer, list)
+            for step_id in answer
+        }
         rest: list[StepStart] = []
         for start in starts:
             host = host_of.get(start.step_id)
@@ -583,8 +638,10 @@ class JobCore:
         state = self.state
         if state is None or self.active or self._finishing_stop:
             return
-        if not (state.status is JobStatus.REMOVING
-                or (state.status is JobStatus.STOPPED and not state.stop_finalized)):
+        if not (
+            state.status is JobStatus.REMOVING
+            or (state.status is JobStatus.STOPPED and not state.stop_finalized)
+        ):
             return
         self._finishing_stop = True
         try:
@@ -609,8 +666,12 @@ class JobCore:
                 await self._save(stop_finalized=True)
             return True
         except Exception as error:
-            log.warning("job %s: finishing the %s failed: %s", self.job_id,
-                        "removal" if removing else "stop", error)
+            log.warning(
+                "job %s: finishing the %s failed: %s",
+                self.job_id,
+                "removal" if removing else "stop",
+                error,
+            )
             if removing:
                 later = min(retry_delay * 2, REMOVE_RETRY_LONGEST)
                 asyncio.get_running_loop().call_later(
@@ -629,8 +690,9 @@ class JobCore:
             return  # a stopped job is never resumed automatically
         if not state.has_plan:
             message = "the job was interrupted before its step plan was stored"
-            await self._set_status(JobStatus.FAILED, message, error=str(
-                CannotResumeJobError.MISSING_STEP_PLAN))
+            await self._set_status(
+                JobStatus.FAILED, message, error=str(CannotResumeJobError.MISSING_STEP_PLAN)
+            )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
         if not self.halted:
             return  # running already in this activation
@@ -644,8 +706,9 @@ class JobCore:
             counter.stopped = 0
         if stopped_total and state.stage in self.stages.counters:
             self.stages[state.stage].stopped = stopped_total
-        self.state = state.model_copy(update={"records_counted_steps": True,
-                                              "stop_finalized": False})
+        self.state = state.model_copy(
+            update={"records_counted_steps": True, "stop_finalized": False}
+        )
         self.pending.clear()
         self.active.clear()
         await self._set_status(JobStatus.RUNNING)
@@ -695,10 +758,12 @@ class JobCore:
         failed: list[StepStart] = []
         after: str | None = None
         while True:
-            page = await self.storage.list_steps(self.job_id, statuses=FAILED_STATUSES,
-                                                 after=after, limit=PAGE)
-            failed += [StepStart(s.step_id, s.type, s.stage, s.attempt + 1, s.request)
-                       for s in page]
+            page = await self.storage.list_steps(
+                self.job_id, statuses=FAILED_STATUSES, after=after, limit=PAGE
+            )
+            failed += [
+                StepStart(s.step_id, s.type, s.stage, s.attempt + 1, s.request) for s in page
+            ]
             if len(page) < PAGE:
                 break
             after = page[-1].step_id
@@ -707,8 +772,7 @@ class JobCore:
                 # Retrying a counted failure removes its entry along with its failed count.
                 self.stages[start.stage].failed -= 1
                 self.counted.discard(start.step_id)
-                await self.storage.remove_counted(self.job_id, CountedKind.COMPLETED,
-                                                  start.step_id)
+                await self.storage.remove_counted(self.job_id, CountedKind.COMPLETED, start.step_id)
             self.state = state.model_copy(update={"records_counted_steps": True})
             await self._set_status(JobStatus.RUNNING)
         except Exception as error:
@@ -738,8 +802,11 @@ class JobCore:
         await self._settle_lost_reports(counts)
         self._retry_failed_starts()
         if self.options.lease_seconds is not None:
-            self._requeue(await leases.expired(self.storage, self.job, self.job_id, state.stage,
-                                               self.active, self.options))
+            self._requeue(
+                await leases.expired(
+                    self.storage, self.job, self.job_id, state.stage, self.active, self.options
+                )
+            )
         if self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)
         self.hosts.refresh()
@@ -751,13 +818,17 @@ class JobCore:
         stage = self.state.stage
         stored_running = counts.get((stage, StepStatus.RUNNING), 0)
         candidates = {sid: entry for sid, entry in self.active.items() if entry[1]}
-        if stored_running >= len(candidates) - self._starts_in_flight * self.options.step_batch_size:
+        if (
+            stored_running
+            >= len(candidates) - self._starts_in_flight * self.options.step_batch_size
+        ):
             return
         running: set[str] = set()
         after: str | None = None
         while True:
-            page = await self.storage.list_steps(self.job_id, statuses=UNFINISHED, stage=stage,
-                                                 after=after, limit=PAGE)
+            page = await self.storage.list_steps(
+                self.job_id, statuses=UNFINISHED, stage=stage, after=after, limit=PAGE
+            )
             running.update(s.step_id for s in page)
             if len(page) < PAGE:
                 break
@@ -769,14 +840,22 @@ class JobCore:
             if stored is None:
                 self.accept(Outcome(step_id, start.attempt, StepStatus.COMPLETED_SUCCESSFULLY))
             elif stored.status in FAILED_STATUSES and stored.attempt == start.attempt:
-                messages = stored.status_changes[-1].exception_messages if stored.status_changes else ()
-                self.accept(Outcome(step_id, start.attempt, stored.status,
-                                    messages[0] if messages else None))
+                messages = (
+                    stored.status_changes[-1].exception_messages if stored.status_changes else ()
+                )
+                self.accept(
+                    Outcome(
+                        step_id, start.attempt, stored.status, messages[0] if messages else None
+                    )
+                )
 
     # -- persistence --------------------------------------------------------------------------
 
     async def _set_status(
-        self, status: JobStatus, *messages: str, error: str | None = None,
+        self,
+        status: JobStatus,
+        *messages: str,
+        error: str | None = None,
         stop_finalized: bool | None = None,
     ) -> None:
         update: dict[str, Any] = {}
@@ -786,8 +865,9 @@ class JobCore:
             update["stop_finalized"] = stop_finalized
         await self._save((status, messages), **update)
 
-    async def _save(self, change: tuple[JobStatus, tuple[str, ...]] | None = None,
-                    **update: Any) -> None:
+    async def _save(
+        self, change: tuple[JobStatus, tuple[str, ...]] | None = None, **update: Any
+    ) -> None:
         """Saves the record with the current progress, counted records first. One save at a
         time: each carries the version the previous one returned."""
         async with self._save_lock:

@@ -40,8 +40,9 @@ async def expired(
     stale: list[StepStart] = []
     after: str | None = None
     while True:
-        page = await storage.list_steps(job_id, statuses=(StepStatus.RUNNING,), stage=stage,
-                                        after=after, limit=PAGE)
+        page = await storage.list_steps(
+            job_id, statuses=(StepStatus.RUNNING,), stage=stage, after=after, limit=PAGE
+        )
         for step in page:
             entry = active.get(step.step_id)
             if entry is None:

@@ -65,7 +65,10 @@ class ManagerCore:
             raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
         job_id = uuid.uuid4().hex
         state = JobState(
-            id=job_id, scope=self.key.scope, namespace=self.key.namespace, type=job_type,
+            id=job_id,
+            scope=self.key.scope,
+            namespace=self.key.namespace,
+            type=job_type,
             request=validated.model_dump(mode="json"),
         ).with_status(JobStatus.PREPARING_JOB)
         try:
@@ -79,8 +82,12 @@ class ManagerCore:
         state = await self._owned(job_id)
         completed = await self.storage.list_counted(job_id, CountedKind.COMPLETED)
         stopped = await self.storage.list_counted(job_id, CountedKind.STOPPED)
-        return state.model_copy(update={"completed_steps_counted": tuple(completed),
-                                        "stopped_steps_counted": tuple(stopped)})
+        return state.model_copy(
+            update={
+                "completed_steps_counted": tuple(completed),
+                "stopped_steps_counted": tuple(stopped),
+            }
+        )
 
     async def status(self, job_id: str) -> JobState:
         """The job record without its counted-step lists: what `wait` polls."""
@@ -129,9 +136,9 @@ class ManagerCore:
             self.key.scope, self.key.namespace
         )
         snapshot = [
-            j.id for j in sorted(jobs, key=lambda j: j.created)
-            if j.status in _REHYDRATED
-            and not (j.status is JobStatus.STOPPED and j.stop_finalized)
+            j.id
+            for j in sorted(jobs, key=lambda j: j.created)
+            if j.status in _REHYDRATED and not (j.status is JobStatus.STOPPED and j.stop_finalized)
         ]
         self._drain = asyncio.ensure_future(self._drain_jobs(snapshot))
         return snapshot
@@ -162,8 +169,14 @@ class ManagerCore:
 
 
 _REHYDRATED = frozenset(
-    {JobStatus.RUNNING, JobStatus.PREPARING_JOB, JobStatus.PREPARING_STEPS,
-     JobStatus.STARTING_STEPS, JobStatus.STOPPED, JobStatus.REMOVING}
+    {
+        JobStatus.RUNNING,
+        JobStatus.PREPARING_JOB,
+        JobStatus.PREPARING_STEPS,
+        JobStatus.STARTING_STEPS,
+        JobStatus.STOPPED,
+        JobStatus.REMOVING,
+    }
 )
 
 

@@ -15,6 +15,7 @@ acknowledgement cannot leave a job idle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -36,8 +37,12 @@ RETRY_FIRST, RETRY_LONGEST = 1.0, 60.0
 #: How often node membership is read from Ray, in seconds.
 MEMBERSHIP_POLL = 1.0
 #: Statuses of a job that should have a live job actor.
-LIVE = (JobStatus.RUNNING, JobStatus.PREPARING_JOB, JobStatus.PREPARING_STEPS,
-        JobStatus.STARTING_STEPS)
+LIVE = (
+    JobStatus.RUNNING,
+    JobStatus.PREPARING_JOB,
+    JobStatus.PREPARING_STEPS,
+    JobStatus.STARTING_STEPS,
+)
 
 
 class Tenant:
@@ -57,9 +62,9 @@ class Tenant:
             **actor_options(manager_name(key.scope, key.namespace), self.namespace)
         ).remote(key.scope, key.namespace, self.storage_url, self.options_json, self.namespace)
 
-    async def keys(self, retry: Callable[[str, Callable[[], Awaitable[None]]], None]) -> set[
-        JobsManagerKey
-    ]:
+    async def keys(
+        self, retry: Callable[[str, Callable[[], Awaitable[None]]], None]
+    ) -> set[JobsManagerKey]:
         """The catalog's keys and every provider's; a failing provider is retried alone."""
         keys = set(await self.storage.list_manager_keys())
         for path in self.options.keys_providers:
@@ -67,7 +72,7 @@ class Tenant:
                 keys |= await provider_keys(path, self.options)
             except Exception as error:
                 log.warning("recovery key provider %s failed: %s", path, error)
-                retry(f"provider {path}", lambda p=path: self._retry_provider(p))
+                retry(f"provider {path}", functools.partial(self._retry_provider, path))
         return keys
 
     async def _retry_provider(self, path: str) -> None:
@@ -108,7 +113,7 @@ class RecoveryCore:
                 await tenant.manager(key).rehydrate.remote()
             except Exception as error:
                 log.warning("rehydrating %s failed: %s", key, error)
-                self._retry(f"manager {key}", lambda k=key: tenant.manager(k).rehydrate.remote())
+                self._retry(f"manager {key}", functools.partial(_rehydrate, tenant, key))
 
     def _retry(self, what: str, attempt: Callable[[], Awaitable[Any]]) -> None:
         """Retries one failed provider or manager alone: 1 s, doubling to 60 s, until it works."""
@@ -160,8 +165,11 @@ class RecoveryCore:
             if tenant.options.reconciliation_seconds is None:
                 continue
             for key in await tenant.keys(self._retry):
-                jobs = [j for status in LIVE
-                        for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)]
+                jobs = [
+                    j
+                    for status in LIVE
+                    for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)
+                ]
                 missing = [j for j in jobs if not _actor_exists(job_name(j.id), self.namespace)]
                 if missing:
                     orphaned += len(missing)
@@ -176,6 +184,10 @@ class RecoveryCore:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _rehydrate(tenant: Tenant, key: JobsManagerKey) -> None:
+    await tenant.manager(key).rehydrate.remote()
 
 
 def _actor_exists(name: str, namespace: str) -> bool:

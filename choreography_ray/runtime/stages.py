@@ -44,8 +44,15 @@ class Stages:
     def from_progress(cls, progress: JobProgress) -> Stages:
         return cls(
             [
-                StageCounter(s.stage, s.total_steps, s.is_started, s.successful_steps,
-                             s.failed_steps, s.unreachable_steps, s.stopped_steps)
+                StageCounter(
+                    s.stage,
+                    s.total_steps,
+                    s.is_started,
+                    s.successful_steps,
+                    s.failed_steps,
+                    s.unreachable_steps,
+                    s.stopped_steps,
+                )
                 for s in progress.stages
             ]
         )
@@ -70,9 +77,15 @@ class Stages:
 
     def progress(self) -> JobProgress:
         stages = tuple(
-            StageProgress(stage=c.stage, is_started=c.is_started, total_steps=c.total,
-                          successful_steps=c.successful, failed_steps=c.failed,
-                          unreachable_steps=c.unreachable, stopped_steps=c.stopped)
+            StageProgress(
+                stage=c.stage,
+                is_started=c.is_started,
+                total_steps=c.total,
+                successful_steps=c.successful,
+                failed_steps=c.failed,
+                unreachable_steps=c.unreachable,
+                stopped_steps=c.stopped,
+            )
             for c in self.counters.values()
         )
         return JobProgress(

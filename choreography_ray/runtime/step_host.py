@@ -34,6 +34,7 @@ from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
 
+
 class Tenant:
     """What the steps of one (storage, options) see: hosts are shared by every connection."""
 
@@ -48,8 +49,10 @@ class Tenant:
 
     async def job_exists(self, job_id: str) -> bool:
         job = await self.storage.get_job(job_id)
-        return job is not None and not job.status.is_terminal and not (
-            job.status is JobStatus.STOPPED and job.stop_finalized
+        return (
+            job is not None
+            and not job.status.is_terminal
+            and not (job.status is JobStatus.STOPPED and job.stop_finalized)
         )
 
 
@@ -107,8 +110,10 @@ class StepHostCore:
         lease = self.lease(tenant)
         try:
             await tenant.commit.write(
-                [StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
-                 for s in steps]
+                [
+                    StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
+                    for s in steps
+                ]
             )
         except BaseException:
             for step in steps:
@@ -151,8 +156,13 @@ class StepHostCore:
         if task.cancelled():
             self._finish(job_id, step, None, asyncio.CancelledError(), driver)
         else:
-            self._finish(job_id, step, task.result() if task.exception() is None else None,
-                         task.exception(), driver)
+            self._finish(
+                job_id,
+                step,
+                task.result() if task.exception() is None else None,
+                task.exception(),
+                driver,
+            )
 
     def _finish(
         self,
@@ -199,7 +209,9 @@ class StepHostCore:
                 break
             except Exception:
                 # Persist, then deliver: an outcome that is not stored is not reported.
-                log.exception("could not persist %d outcomes; retrying", len(updates) + len(deletes))
+                log.exception(
+                    "could not persist %d outcomes; retrying", len(updates) + len(deletes)
+                )
                 await asyncio.sleep(1.0)
         async with self._room:
             for job_id, outcomes in outbox.items():
@@ -259,17 +271,26 @@ def _outcome(
 ) -> Outcome:
     limit = options.step_event_loop_block_limit.total_seconds()
     if driver is not None and limit > 0 and driver.longest_slice > limit:
-        return Outcome(step.step_id, step.attempt, StepStatus.FAILED,
-                       f"perform blocked the event loop for {driver.longest_slice:.2f} s "
-                       f"(limit {limit:g} s): await instead of blocking, or make perform sync")
+        return Outcome(
+            step.step_id,
+            step.attempt,
+            StepStatus.FAILED,
+            f"perform blocked the event loop for {driver.longest_slice:.2f} s "
+            f"(limit {limit:g} s): await instead of blocking, or make perform sync",
+        )
     if error is not None:
         if cancelled or isinstance(error, asyncio.CancelledError):
             return Outcome(step.step_id, step.attempt, StepStatus.STOPPED)
-        return Outcome(step.step_id, step.attempt, StepStatus.FAILED,
-                       f"{type(error).__name__}: {error}")
+        return Outcome(
+            step.step_id, step.attempt, StepStatus.FAILED, f"{type(error).__name__}: {error}"
+        )
     if not isinstance(result, StepResult):
-        return Outcome(step.step_id, step.attempt, StepStatus.FAILED,
-                       f"perform returned {type(result).__name__}, not a StepResult")
+        return Outcome(
+            step.step_id,
+            step.attempt,
+            StepStatus.FAILED,
+            f"perform returned {type(result).__name__}, not a StepResult",
+        )
     if result.success:
         return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
     return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_WITH_FAILURE, result.message)

@@ -25,8 +25,12 @@ FAST = {
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     if not ray.is_initialized():
-        ray.init(num_cpus=2, namespace="choreography-tests", include_dashboard=False,
-                 logging_level="WARNING")
+        ray.init(
+            num_cpus=2,
+            namespace="choreography-tests",
+            include_dashboard=False,
+            logging_level="WARNING",
+        )
     yield
     ray.shutdown()
 
@@ -41,8 +45,11 @@ def connect(ray_cluster: None, storage_url: str):  # type: ignore[no-untyped-def
     """`connect(**options)` -> a Jobs handle on this test's storage with FAST options."""
 
     def make(**options: object) -> cr.Jobs:
-        return cr.Jobs.connect(storage=storage_url, options=cr.JobsOptions(**{**FAST, **options}),
-                               namespace="choreography-tests")
+        return cr.Jobs.connect(
+            storage=storage_url,
+            options=cr.JobsOptions(**{**FAST, **options}),
+            namespace="choreography-tests",
+        )
 
     return make
 

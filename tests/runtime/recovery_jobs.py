@@ -18,7 +18,7 @@ class LoggedItem(BaseModel):
 class LoggedStep(cr.JobStep[LoggedItem]):
     async def perform(self, request: LoggedItem, context: cr.StepContext) -> cr.StepResult:
         await asyncio.sleep(request.sleep)
-        with Path(request.log).open("a") as log:
+        with Path(request.log).open("a") as log:  # noqa: ASYNC230 - a tiny append
             log.write(f"{context.step_id}\n")
         return cr.StepResult.succeeded()
 
@@ -33,5 +33,7 @@ class LoggedJob(cr.Job[LoggedRequest]):
     max_active_steps = 4
 
     def prepare_steps(self, request: LoggedRequest) -> list[cr.StepSpec]:
-        return [self.create_step(LoggedStep, LoggedItem(log=request.log, sleep=request.sleep))
-                for _ in range(request.steps)]
+        return [
+            self.create_step(LoggedStep, LoggedItem(log=request.log, sleep=request.sleep))
+            for _ in range(request.steps)
+        ]

@@ -43,8 +43,11 @@ class FanOut(cr.Job[FanOutRequest]):
         return [
             self.create_step(
                 Noop,
-                Item(n=i, fail=bool(request.fail_every) and i % request.fail_every == 0,
-                     sleep=request.sleep),
+                Item(
+                    n=i,
+                    fail=bool(request.fail_every) and i % request.fail_every == 0,
+                    sleep=request.sleep,
+                ),
                 stage=(i % request.stages) * 10,
             )
             for i in range(request.count)

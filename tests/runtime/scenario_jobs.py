@@ -87,6 +87,7 @@ def _finish(request: Probe, context: cr.StepContext, started: float, on_loop: bo
         pid=os.getpid(),
         on_loop=on_loop,
         actor=ray.get_runtime_context().get_actor_name(),
+        namespace=ray.get_runtime_context().namespace,
     )
     if request.behaviour == "raise":
         raise ValueError(f"boom from step {request.n}")
