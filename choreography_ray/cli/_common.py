@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from pathlib import Path
@@ -11,13 +12,21 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from choreography_ray.client import default_storage_url
 from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
+from choreography_ray.storage import open_storage
+
+#: The width of human output that goes to a pipe or file, in characters.
+PIPED_WIDTH = 160
 
 #: Human output (tables, progress) goes to stdout; diagnostics go to stderr, so that the JSON
 #: `run` and `status --json` print on stdout stays parseable.
 console = Console()
 err_console = Console(stderr=True)
+if not console.is_terminal:
+    # Piped or captured: no terminal to fit, so tables are not squeezed to 80 columns.
+    console.width = max(console.width, PIPED_WIDTH)
 
 
 class ExitCode(enum.IntEnum):
@@ -46,11 +55,20 @@ StorageOption = Annotated[
 ]
 
 
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="The Ray cluster to join, as ray.init takes it ('local' starts a new one).",
+        show_default="$RAY_ADDRESS (ray job submit sets it), else a running local cluster, "
+        "else a new local Ray",
+    ),
+]
+
+
 def resolve_storage(url: str | None) -> str:
     """The storage URL the actors get: the default when none is given, and a relative SQLite
     path made absolute against this command's working directory (Ray workers run elsewhere)."""
-    from choreography_ray.client import default_storage_url
-
     url = url or default_storage_url()
     prefix = "sqlite:///"
     if url.startswith(prefix):
@@ -59,6 +77,16 @@ def resolve_storage(url: str | None) -> str:
             return f"{prefix}{path.resolve()}"
         return f"{prefix}{path}"
     return url
+
+
+def check_storage(url: str) -> None:
+    """Exits 2 when `url` names no storage provider. Nothing is opened or created: providers
+    connect on first use."""
+    try:
+        storage = open_storage(url)
+    except ValueError as error:
+        fail(str(error))
+    asyncio.run(storage.close())
 
 
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> NoReturn:

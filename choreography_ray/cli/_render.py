@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from rich import box
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from choreography_ray.model import JobState, StepState
+from choreography_ray.model import JobState, StepState, utcnow
 from choreography_ray.status import JobStageFailureBehavior, JobStatus
 
 #: How many failed steps' messages a command shows.
@@ -27,20 +29,21 @@ def status_text(status: JobStatus) -> Text:
 
 
 def job_duration(state: JobState) -> timedelta | None:
-    """From the job's first status change to its last, as stored."""
+    """From the job's first status change to its last as stored, or to now while it runs."""
     changes = state.status_changes
-    if len(changes) < 2:
+    if not changes:
         return None
-    return changes[-1].occurred - changes[0].occurred
+    settled = state.status.is_terminal or state.status is JobStatus.STOPPED
+    return (changes[-1].occurred if settled else utcnow()) - changes[0].occurred
 
 
-def outcome_table(
+def outcome(
     state: JobState,
     elapsed: float | None = None,
     failure_behavior: Callable[[int], JobStageFailureBehavior] | None = None,
-) -> Table:
-    """The job's status and counts, with one row per stage. `elapsed` is in seconds; without it
-    the stored status history gives the duration."""
+) -> Group:
+    """The job's counts, one row per stage, then its status, duration and throughput.
+    `elapsed` is in seconds; without it the stored status history gives the duration."""
     progress = state.progress
     if elapsed is None:
         duration = job_duration(state)
@@ -65,15 +68,14 @@ def outcome_table(
               progress.unreachable_steps, progress.stopped_steps)  # fmt: skip
     blank = [""] if failure_behavior is not None else []
     table.add_row("all", *blank, *_counts(counts, stopped), style="bold")
-    caption = Text.assemble("Status ", status_text(state.status), f"   type {state.type}")
+    summary = Text.assemble("Status ", status_text(state.status), f"   type {state.type}")
     if elapsed is not None and elapsed > 0:
-        rate = progress.total_steps / elapsed
-        caption.append(f"   elapsed {elapsed:.2f} s   {rate:,.0f} steps/s")
+        done = progress.successful_steps + progress.failed_steps + progress.unreachable_steps
+        rate = done / elapsed
+        summary.append(f"\nElapsed {elapsed:.2f} s   {rate:,.0f} steps/s")
     if state.error:
-        caption.append(f"\nerror: {state.error}", style="red")
-    table.caption = caption
-    table.caption_justify = "left"
-    return table
+        summary.append(f"\nError: {state.error}", style="red")
+    return Group(table, summary)
 
 
 def _counts(counts: tuple[int, ...], stopped: bool) -> list[str]:
@@ -98,25 +100,25 @@ def failed_steps_table(steps: Sequence[StepState], failed_total: int) -> Table:
 
 
 def jobs_table(states: Sequence[JobState]) -> Table:
-    """One row per job: what `list` prints."""
-    table = Table(title=f"{len(states)} job(s)", title_justify="left")
-    table.add_column("Job")
-    table.add_column("Scope/namespace")
-    table.add_column("Type", overflow="fold")
-    table.add_column("Status")
-    table.add_column("Done", justify="right")
+    """One row per job: what `list` prints. The job id is never cut: it is what `status` takes."""
+    table = Table(title=f"{len(states)} job(s)", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("Job", no_wrap=True, min_width=32)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Done", justify="right", no_wrap=True)
     table.add_column("Failed", justify="right")
-    table.add_column("Created (UTC)")
+    table.add_column("Type", overflow="fold")
+    table.add_column("Scope/namespace", no_wrap=True)
+    table.add_column("Created (UTC)", no_wrap=True)
     for state in states:
         progress = state.progress
         done = progress.successful_steps + progress.failed_steps + progress.unreachable_steps
         table.add_row(
             state.id,
-            f"{state.scope}/{state.namespace}",
-            state.type,
             status_text(state.status),
             f"{done:,}/{progress.total_steps:,}",
             f"{progress.failed_steps + progress.unreachable_steps:,}",
-            state.created.strftime("%Y-%m-%d %H:%M:%S"),
+            state.type.rpartition(":")[2],
+            f"{state.scope}/{state.namespace}",
+            state.created.strftime("%Y-%m-%d %H:%M"),
         )
     return table

@@ -20,8 +20,20 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from choreography_ray.cli._common import ExitCode, StorageOption, console, resolve_storage
-from choreography_ray.cli._render import failed_steps_table, outcome_table
+import choreography_ray as cr
+from choreography_ray.cli._common import (
+    AddressOption,
+    ExitCode,
+    StorageOption,
+    check_storage,
+    console,
+    err_console,
+    fail,
+    resolve_storage,
+)
+from choreography_ray.cli._render import failed_steps_table, outcome
+from choreography_ray.client import SETTLED
+from choreography_ray.examples.demo import DemoJob, DemoRequest
 from choreography_ray.status import StepStatus
 
 #: The jobs manager the demo runs under: `choreography-ray list --scope demo` finds its jobs.
@@ -37,23 +49,25 @@ def demo(
         typer.Option("--steps", min=3, max=1_000_000, help="Steps in the job, all stages."),
     ] = 3_000,
     storage: StorageOption = None,
+    address: AddressOption = None,
 ) -> None:
     """Run the built-in demo job: 3 stages, 1 % of the fan-out fails; show progress and outcome."""
-    # Imported here so that `choreography-ray --help` does not import Ray.
-    import choreography_ray as cr
-    from choreography_ray.client import SETTLED
-    from choreography_ray.examples.demo import DemoJob, DemoRequest
-
     url = resolve_storage(storage)
-    console.print(f"Connecting to Ray (storage {url}) ...", highlight=False)
-    with cr.Jobs.connect(storage=url) as jobs:
+    check_storage(url)
+    console.print(f"Connecting to Ray (storage {url}) ...", highlight=False, soft_wrap=True)
+    with cr.Jobs.connect(storage=url, address=address) as jobs:
         manager = jobs.manager(DEMO_SCOPE, DEMO_NAMESPACE)
         began = time.monotonic()
-        started = manager.start(DemoJob, DemoRequest(steps=steps))
+        try:
+            started = manager.start(DemoJob, DemoRequest(steps=steps))
+        except cr.ChoreographyError as error:
+            fail(f"the demo job did not start: {error}", ExitCode.JOB_NOT_SUCCESSFUL)
         console.print(f"Started job {started.job_id} ({steps:,} steps)", highlight=False)
+        if started.error is not None:
+            err_console.print(f"warning: {started.error.name} when starting the first stage")
         try:
             with Progress(
-                TextColumn("{task.description:<16}"),
+                TextColumn("{task.description:<21}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TaskProgressColumn(),
@@ -88,7 +102,7 @@ def demo(
         ]
 
     console.print()
-    console.print(outcome_table(state, elapsed, DemoJob().get_failure_behavior_for))
+    console.print(outcome(state, elapsed, DemoJob().get_failure_behavior_for))
     if failed_steps:
         console.print()
         console.print(failed_steps_table(failed_steps, len(failed_steps)))
@@ -98,8 +112,8 @@ def demo(
         highlight=False,
         soft_wrap=True,
     )
-    # The demo is meant to end with failures: any terminal status is a demo that ran. Only a
-    # job stopped from outside (`choreography-ray` has no other way to end early) is not.
+    # The demo is meant to end with failures: any terminal status is a demo that ran through.
+    # A job stopped by someone else (`manager.stop`) did not.
     if not state.status.is_terminal:
         raise typer.Exit(ExitCode.JOB_NOT_SUCCESSFUL)
 

@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 
 from choreography_ray.cli._common import (
-    ExitCode,
     StorageOption,
     console,
     fail,
@@ -24,7 +23,7 @@ from choreography_ray.cli._render import (
     FAILED_STEPS_SHOWN,
     failed_steps_table,
     jobs_table,
-    outcome_table,
+    outcome,
 )
 from choreography_ray.errors import StorageError
 from choreography_ray.model import JobState, StepState
@@ -102,9 +101,10 @@ def status(
     if as_json:
         typer.echo(state_json(state))
         return
-    console.print(outcome_table(state))
+    console.print(outcome(state))
     if failed:
         failed_total = state.progress.failed_steps + state.progress.unreachable_steps
+        console.print()
         console.print(failed_steps_table(failed, failed_total))
 
 
@@ -135,8 +135,10 @@ def list_jobs(
         jobs = asyncio.run(_read_jobs(store, scope, namespace, wanted))
     except StorageError as error:
         fail(str(error))
-    console.print(jobs_table(jobs))
-    raise typer.Exit(ExitCode.OK)
+    if jobs:
+        console.print(jobs_table(jobs))
+    else:
+        console.print(f"No jobs in {store.url}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,6 @@ JSON; messages go to stderr.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -21,9 +20,12 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel, ValidationError
 
+import choreography_ray as cr
 from choreography_ray.cli._common import (
+    AddressOption,
     ExitCode,
     StorageOption,
+    check_storage,
     err_console,
     exit_code_for,
     fail,
@@ -81,17 +83,6 @@ def validate_request(job_type: type[Job[Any]], path: str, data: Any) -> BaseMode
         fail(f"invalid request for {path}: {error}")
 
 
-def check_storage(url: str) -> None:
-    """Exits 2 when `url` names no storage provider (nothing is opened or created)."""
-    from choreography_ray.storage import open_storage
-
-    try:
-        storage = open_storage(url)
-    except ValueError as error:
-        fail(str(error))
-    asyncio.run(storage.close())
-
-
 def run(
     job_type: Annotated[
         str, typer.Argument(metavar="MODULE:CLASS", help="The job type's import path.")
@@ -111,13 +102,7 @@ def run(
     namespace: Annotated[
         str, typer.Option(help="The jobs manager's namespace.")
     ] = DEFAULT_JOB_NAMESPACE,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            help="Ray cluster address.",
-            show_default="$RAY_ADDRESS (ray job submit sets it), else a new local Ray",
-        ),
-    ] = None,
+    address: AddressOption = None,
     ray_namespace: Annotated[
         str, typer.Option(help="The Ray namespace of the job system's actors.")
     ] = DEFAULT_NAMESPACE,
@@ -139,8 +124,6 @@ def run(
     2 bad input: nothing was started or stored;
     3 --timeout passed first.
     """
-    import choreography_ray as cr
-
     cls = load_job_type(job_type)
     validated = validate_request(cls, job_type, read_request(request))
     url = resolve_storage(storage)

@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import logging
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -87,6 +88,7 @@ class JobCore:
         self._dedicated: dict[str, Any] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
         self._finishing_stop = False
+        self._in_first_wave = False
         self._save_lock = asyncio.Lock()
         self._loaded = asyncio.get_running_loop().create_future()
         self.exit_requested = False
@@ -262,7 +264,12 @@ class JobCore:
         tasks = self._fill()
         if not tasks:
             return None
-        results = await asyncio.gather(*tasks)
+        # The rest of the stage starts once this wave has: `start` waits for this wave only.
+        self._in_first_wave = True
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            self._in_first_wave = False
         if all(results):
             return None
         return (
@@ -357,7 +364,7 @@ class JobCore:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self.halted and not self.hook_owed:
+            if not self.halted and not self.hook_owed and not self._in_first_wave:
                 self._fill()
                 await self._check_stage()
 
@@ -648,6 +655,7 @@ class JobCore:
             await self._finish_stop()
         finally:
             self._finishing_stop = False
+        self._in_first_wave = False
 
     async def _finish_stop(self, retry_delay: float = REMOVE_RETRY_FIRST) -> bool:
         """`on_stopped` once every step has reported; a removal then clears the job. A failed
@@ -931,7 +939,9 @@ class JobActor:
         options = JobsOptions.model_validate_json(options_json)
         self.core = JobCore(job_id, storage_url, options, namespace)
         self.core.on_exit = self._exit_soon
-        reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
+            warnings.simplefilter("ignore")
+            reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
         self._activation = asyncio.ensure_future(self.core.activate(reconstructed))
 
     def _exit_soon(self) -> None:

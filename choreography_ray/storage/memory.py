@@ -29,7 +29,9 @@ class MemoryStorage:
     async def create_job(self, job: JobState) -> JobState:
         if job.id in self.jobs:
             raise DuplicateRecordError(f"job {job.id!r} exists already")
-        stored = job.model_copy(update={"version": 1})
+        stored = job.model_copy(
+            update={"version": 1, "completed_steps_counted": (), "stopped_steps_counted": ()}
+        )
         self.jobs[job.id] = stored
         return stored
 
@@ -76,9 +78,11 @@ class MemoryStorage:
         self.jobs.pop(job_id, None)
 
     async def insert_steps(self, steps: Sequence[StepState]) -> None:
+        seen: set[str] = set()
         for step in steps:
-            if step.step_id in self.steps.get(step.job_id, {}):
+            if step.key in seen or step.step_id in self.steps.get(step.job_id, {}):
                 raise DuplicateRecordError(f"step {step.key!r} exists already")
+            seen.add(step.key)
         for step in steps:
             self.steps.setdefault(step.job_id, {})[step.step_id] = step
             self._sorted_ids.pop(step.job_id, None)

@@ -16,19 +16,24 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         Indexes: (scope, namespace, status), (status, stop_finalized).
     job_steps           WITHOUT ROWID. PRIMARY KEY (job_id, step_id); type, stage, status,
                         attempt, lease JSON {silo, activation, heartbeat} or NULL, is_prepared,
-                        request JSON, status_changes JSON array, updated, schema_version.
+                        request JSON, status_changes JSON array, updated (ISO-8601),
+                        schema_version.
                         Indexes: (job_id, status), (job_id, stage, status); both end in step_id
                         (the key), so a page of one status is read in step-id order.
     job_numbers         job_no INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT UNIQUE: the small
                         number that stands for a job id in job_counted_steps. AUTOINCREMENT never
                         reuses a number, so a later job cannot inherit a removed job's records.
     job_counted_steps   WITHOUT ROWID. PRIMARY KEY (job_no, kind, step_id), kind 0 = completed,
-                        1 = stopped: about 20 bytes plus the step id per record, and one B-tree
-                        insert per record whatever the job's size.
+                        1 = stopped: about 10 bytes plus the step id per record (22 for a
+                        12-character id), and one B-tree insert per record whatever the job's
+                        size. `remove_job_counted` also deletes the job's job_numbers row.
     jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
 
 Bulk writes are one transaction and one `executemany` each, all or nothing. A status change is
 appended in SQL (`json_insert(status_changes, '$[#]', ...)`), never read, grown and rewritten.
+Rows are serialized with plain tuples and `pydantic_core.to_json`, not a model dump per row. A
+row that does not parse raises `CorruptRecordError`; a lock still held after the busy timeout
+raises `StorageUnavailableError`, any other sqlite3 error `StorageError`.
 """
 
 from __future__ import annotations
@@ -108,6 +113,8 @@ _JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease"})
 _JOB_SELECT = f"SELECT {', '.join(_JOB_COLUMNS)} FROM jobs"
 _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
+_JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
+_STEP_STATUSES = frozenset(StepStatus)
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END
@@ -135,8 +142,8 @@ class SqliteStorage:
         return stored
 
     async def get_job(self, job_id: str) -> JobState | None:
-        jobs = await self._select_jobs(f"{_JOB_SELECT} WHERE id = ?", (job_id,))
-        return jobs[0] if jobs else None
+        rows = await self._query(f"{_JOB_SELECT} WHERE id = ?", job_id)
+        return _job(rows[0]) if rows else None
 
     async def save_job(self, job: JobState) -> JobState:
         stored = _without_counted(job, version=job.version + 1)
@@ -146,21 +153,21 @@ class SqliteStorage:
     async def list_jobs(
         self, scope: str, namespace: str, status: JobStatus | None = None
     ) -> list[JobState]:
-        sql = f"{_JOB_SELECT} WHERE scope = ? AND namespace = ?"
-        args: tuple[str, ...] = (scope, namespace)
+        where, args = "scope = ? AND namespace = ?", [scope, namespace]
         if status is not None:
-            sql, args = f"{sql} AND status = ?", (*args, status)
-        return await self._select_jobs(f"{sql} ORDER BY rowid", args)
+            where, args = f"{where} AND status = ?", [*args, status]
+        sql = f"{_JOB_SELECT} WHERE {where} ORDER BY rowid"
+        return [_job(row) for row in await self._query(sql, *args)]
 
     async def get_jobs_excluding_finalized_stops(
         self, scope: str, namespace: str
     ) -> list[JobState]:
         sql = f"""{_JOB_SELECT} WHERE scope = ? AND namespace = ?
             AND NOT (status = ? AND stop_finalized = 1) ORDER BY created, rowid"""
-        return await self._select_jobs(sql, (scope, namespace, JobStatus.STOPPED))
+        return [_job(row) for row in await self._query(sql, scope, namespace, JobStatus.STOPPED)]
 
     async def remove_job(self, job_id: str) -> None:
-        await self._write(lambda c: c.execute("DELETE FROM jobs WHERE id = ?", (job_id,)))
+        await self._execute("DELETE FROM jobs WHERE id = ?", job_id)
 
     # steps
     async def insert_steps(self, steps: Sequence[StepState]) -> None:
@@ -168,9 +175,10 @@ class SqliteStorage:
             await self._write(lambda c: _insert_steps(c, steps))
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
-        sql = f"{_STEP_SELECT} WHERE job_id = ? AND step_id = ?"
-        rows = await self._run(lambda c: c.execute(sql, (job_id, step_id)).fetchall())
-        return next((_step(row) for row in rows), None)
+        rows = await self._query(
+            f"{_STEP_SELECT} WHERE job_id = ? AND step_id = ?", job_id, step_id
+        )
+        return _step(rows[0]) if rows else None
 
     async def list_steps(
         self,
@@ -188,8 +196,7 @@ class SqliteStorage:
         if after is not None:
             where, args = f"{where} AND step_id > ?", [*args, after]
         if statuses is None and stage is None:
-            sql = f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?"
-            args.append(limit)
+            sql, args = f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
         else:
             # One index range per status, each in step-id order already (the indexes end in the
             # key), merged: a page costs O(statuses * limit) however many steps the job has.
@@ -200,8 +207,7 @@ class SqliteStorage:
             branch += "ORDER BY step_id LIMIT ?)"
             sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
             args = [*(a for status in wanted for a in (*args, status, limit)), limit]
-        rows = await self._run(lambda c: c.execute(sql, args).fetchall())
-        return [_step(row) for row in rows]
+        return [_step(row) for row in await self._query(sql, *args)]
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         if updates:
@@ -213,22 +219,17 @@ class SqliteStorage:
             await self._write(lambda c: c.executemany(sql, zip(repeat(job_id), step_ids)))
 
     async def count_by_status(self, job_id: str) -> StatusCounts:
-        sql = (
-            "SELECT stage, status, COUNT(*) FROM job_steps WHERE job_id = ? GROUP BY stage, status"
-        )
-        rows = await self._run(lambda c: c.execute(sql, (job_id,)).fetchall())
+        sql = "SELECT stage, status, COUNT(*) FROM job_steps WHERE job_id = ? GROUP BY 1, 2"
         counts: StatusCounts = {}
-        for stage, status, count in rows:
-            try:
-                counts[stage, StepStatus(status)] = count
-            except ValueError:
+        for stage, status, count in await self._query(sql, job_id):
+            if status not in _STEP_STATUSES:
                 reason = f"unknown status {status!r}"
-                raise CorruptRecordError("job_steps", f"{job_id}/*", reason) from None
+                raise CorruptRecordError("job_steps", f"{job_id}/*", reason)
+            counts[stage, StepStatus(status)] = count
         return counts
 
     async def remove_job_steps(self, job_id: str) -> None:
-        sql = "DELETE FROM job_steps WHERE job_id = ?"
-        await self._write(lambda c: c.execute(sql, (job_id,)))
+        await self._execute("DELETE FROM job_steps WHERE job_id = ?", job_id)
 
     # counted steps
     async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
@@ -236,19 +237,16 @@ class SqliteStorage:
             await self._write(lambda c: _add_counted(c, job_id, _KIND_NO[kind], step_ids))
 
     async def remove_counted(self, job_id: str, kind: CountedKind, step_id: str) -> None:
-        sql = f"DELETE FROM job_counted_steps WHERE job_no = {_JOB_NO} AND kind = ? AND step_id = ?"
-        await self._write(lambda c: c.execute(sql, (job_id, _KIND_NO[kind], step_id)))
+        sql = f"DELETE FROM job_counted_steps WHERE {_JOB_KIND} AND step_id = ?"
+        await self._execute(sql, job_id, _KIND_NO[kind], step_id)
 
     async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]:
-        sql = f"""SELECT step_id FROM job_counted_steps WHERE job_no = {_JOB_NO} AND kind = ?
-            ORDER BY step_id"""
-        rows = await self._run(lambda c: c.execute(sql, (job_id, _KIND_NO[kind])).fetchall())
-        return [step_id for (step_id,) in rows]
+        sql = f"SELECT step_id FROM job_counted_steps WHERE {_JOB_KIND} ORDER BY step_id"
+        return [step_id for (step_id,) in await self._query(sql, job_id, _KIND_NO[kind])]
 
     async def count_counted(self, job_id: str, kind: CountedKind) -> int:
-        sql = f"SELECT COUNT(*) FROM job_counted_steps WHERE job_no = {_JOB_NO} AND kind = ?"
-        row = await self._run(lambda c: c.execute(sql, (job_id, _KIND_NO[kind])).fetchone())
-        return int(row[0])
+        sql = f"SELECT COUNT(*) FROM job_counted_steps WHERE {_JOB_KIND}"
+        return int((await self._query(sql, job_id, _KIND_NO[kind]))[0][0])
 
     async def remove_job_counted(self, job_id: str) -> None:
         def remove(c: sqlite3.Connection) -> None:
@@ -260,11 +258,10 @@ class SqliteStorage:
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:
         sql = "INSERT OR IGNORE INTO jobs_manager_keys (scope, namespace) VALUES (?, ?)"
-        await self._write(lambda c: c.execute(sql, (key.scope, key.namespace)))
+        await self._execute(sql, key.scope, key.namespace)
 
     async def list_manager_keys(self) -> list[JobsManagerKey]:
-        sql = "SELECT scope, namespace FROM jobs_manager_keys ORDER BY scope, namespace"
-        rows = await self._run(lambda c: c.execute(sql).fetchall())
+        rows = await self._query("SELECT scope, namespace FROM jobs_manager_keys ORDER BY 1, 2")
         return [JobsManagerKey(scope=scope, namespace=namespace) for scope, namespace in rows]
 
     async def close(self) -> None:
@@ -280,12 +277,14 @@ class SqliteStorage:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, work)
 
+    async def _query(self, sql: str, *args: object) -> list[Any]:
+        return await self._run(lambda c: c.execute(sql, args).fetchall())
+
     async def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
         await self._run(lambda c: _transaction(c, work))
 
-    async def _select_jobs(self, sql: str, args: Sequence[object]) -> list[JobState]:
-        rows = await self._run(lambda c: c.execute(sql, args).fetchall())
-        return [_job(row) for row in rows]
+    async def _execute(self, sql: str, *args: object) -> None:
+        await self._write(lambda c: c.execute(sql, args))
 
     def _call(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._connection is None:

@@ -60,6 +60,16 @@ def clear_flag(job_id: str, flag: str) -> None:
     (TRACES / job_id / f"flag-{flag}").unlink(missing_ok=True)
 
 
+async def flag_set(job_id: str, flag: str) -> None:
+    """Returns once the flag is set (a test sets it from another process), or after
+    `BLOCK_LIMIT` seconds."""
+    deadline = time.monotonic() + BLOCK_LIMIT
+    while time.monotonic() < deadline:
+        if is_set(job_id, flag):
+            return
+        await asyncio.sleep(0.05)
+
+
 # -- steps ----------------------------------------------------------------------------------------
 
 
@@ -71,6 +81,8 @@ class Work(BaseModel):
     #: Every attempt fails, with `message` (and the attempt number).
     always_fail: bool = False
     message: str = "failed"
+    #: Every attempt raises `RuntimeError("raised at attempt {attempt}")`.
+    raise_error: bool = False
     #: Fails until the job's flag "fixed" is set.
     fail_until_fixed: bool = False
     #: Waits for the job's flag "go"; a stop or removal ends the wait (the step then stops).
@@ -80,11 +92,12 @@ class Work(BaseModel):
 
 
 class TracedStep(cr.JobStep[Work]):
-    """Records "starts: step_id attempt" when it starts and "ends: step_id attempt outcome"."""
+    """Traces "starts: step_id attempt n" when it starts and "ends: step_id attempt n outcome"
+    when it ends."""
 
     async def perform(self, request: Work, context: cr.StepContext) -> cr.StepResult:
         job_id, step_id, attempt = context.job_id, context.step_id, context.attempt
-        record(job_id, "starts", step_id, attempt)
+        record(job_id, "starts", step_id, attempt, request.n)
         await asyncio.sleep(0)
         if request.block:
             stop = asyncio.ensure_future(context.cancelled())
@@ -93,16 +106,18 @@ class TracedStep(cr.JobStep[Work]):
                 while not is_set(job_id, "go") and time.monotonic() < deadline:
                     await asyncio.wait([stop], timeout=0.05)
                     if stop.done():
-                        record(job_id, "ends", step_id, attempt, "stopped")
+                        record(job_id, "ends", step_id, attempt, request.n, "stopped")
                         raise asyncio.CancelledError  # honour the stop
             finally:
                 stop.cancel()
         if request.ignore_stop:
-            deadline = time.monotonic() + BLOCK_LIMIT
-            while not is_set(job_id, "go") and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await flag_set(job_id, "go")
+        if request.raise_error:
+            record(job_id, "ends", step_id, attempt, request.n, "raised")
+            raise RuntimeError(f"raised at attempt {attempt}")
         result = self.result(request, job_id, attempt)
-        record(job_id, "ends", step_id, attempt, "succeeded" if result.success else "failed")
+        outcome = "succeeded" if result.success else "failed"
+        record(job_id, "ends", step_id, attempt, request.n, outcome)
         return result
 
     @staticmethod
@@ -200,3 +215,17 @@ class AdmittedOnFlagStopHookFailsTwice(AdmittedOnFlag, StopHookFailsTwice):
 
 class AdmittedOnFlagStopHookFailsWhileFlagged(AdmittedOnFlag, StopHookFailsWhileFlagged):
     pass
+
+
+class AdmissionWaits(Traced):
+    """Admission answers once the job's flag "admit" is set: until then the job is still
+    `STARTING_STEPS` with its plan saved."""
+
+    async def admit_stage(self, stage: int) -> bool:
+        record(self.job_id, "admit_stage", stage)
+        await flag_set(self.job_id, "admit")
+        return True
+
+
+class ResumeHookFailsOnce(ResumeHookFails):
+    FAILURES = 1

@@ -43,6 +43,10 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in file.read_text().splitlines() if line]
 
 
+def is_open(gate: str) -> bool:
+    return Path(gate).exists()
+
+
 class Probe(BaseModel):
     """One step of a plan: what it does and where it records itself."""
 
@@ -65,10 +69,11 @@ class Probe(BaseModel):
 async def _perform_async(request: Probe, context: cr.StepContext) -> Any:
     started = time.time()
     if request.gate:
-        while not Path(request.gate).exists():
+        # Another process opens the gate: polling a file is the simplest cross-process signal.
+        while not is_open(request.gate):  # noqa: ASYNC110
             await asyncio.sleep(GATE_POLL)
     if request.behaviour == "block":
-        time.sleep(request.sleep)  # blocks the step host's event loop on purpose
+        time.sleep(request.sleep)  # noqa: ASYNC251 (blocks the host's event loop on purpose)
     elif request.sleep:
         await asyncio.sleep(request.sleep)
     return _finish(request, context, started, on_loop=True)
@@ -163,9 +168,10 @@ class PlanJob(cr.Job[PlanRequest]):
             raise RuntimeError(self.request.fail_completed)
 
     async def admit_stage(self, stage: int) -> bool:
-        admitted = stage != self.request.gated_stage or Path(self.request.gate).exists()
-        record(self.request.hooks, hook="admit_stage", stage=stage, admitted=admitted,
-               at=time.time())
+        admitted = stage != self.request.gated_stage or is_open(self.request.gate)
+        record(
+            self.request.hooks, hook="admit_stage", stage=stage, admitted=admitted, at=time.time()
+        )
         return admitted
 
 

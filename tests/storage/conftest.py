@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -31,7 +32,7 @@ SERVER_START_SECONDS = 30.0
 SERVER_STOP_SECONDS = 10.0
 
 
-def missing_service(reason: str) -> None:
+def missing_service(reason: str) -> NoReturn:
     """Skip locally; in CI a missing service is a failure, not a silent skip."""
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{reason} (CI=true, so this fails instead of skipping)", pytrace=False)
@@ -132,6 +133,7 @@ def _ping(url: str) -> str | None:
     """None when the server answers, else why not."""
     import pymongo
 
+    client: pymongo.MongoClient[dict[str, object]]
     try:
         with pymongo.MongoClient(url, serverSelectionTimeoutMS=5000) as client:
             client.admin.command("ping")
@@ -148,10 +150,8 @@ def _with_database(url: str, database: str) -> str:
 def _drop_database(url: str) -> None:
     import pymongo
 
-    client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
-        url, serverSelectionTimeoutMS=5000
-    )
-    with client:
+    client: pymongo.MongoClient[dict[str, object]]
+    with pymongo.MongoClient(url, serverSelectionTimeoutMS=5000) as client:
         client.drop_database(urlsplit(url).path.lstrip("/"))
 
 

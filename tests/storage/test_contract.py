@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import random
 import sqlite3
 import subprocess
@@ -73,9 +74,10 @@ async def test_create_job__stored_at_version_1_and_read_back_equal(storage: Stor
               request={"n": 3, "nested": {"a": [1, "x"]}}, has_plan=True, error=None)  # fmt: skip
     new = new.with_status(JobStatus.RUNNING, "why")
 
-    stored = await storage.create_job(new)
+    stored = await storage.create_job(new.model_copy(update={"stopped_steps_counted": ("a",)}))
 
     assert stored.version == 1
+    assert stored.stopped_steps_counted == ()
     assert await storage.get_job("j1") == stored
     assert await storage.get_job("missing") is None
 
@@ -177,6 +179,9 @@ async def test_insert_steps__one_duplicate_writes_nothing(storage: Storage) -> N
         await storage.insert_steps(batch)
 
     assert [s.step_id for s in await storage.list_steps("j1")] == ["s5"]
+    with pytest.raises(DuplicateRecordError, match="s7"):
+        await storage.insert_steps([step("j1", "s6"), step("j1", "s7"), step("j1", "s7")])
+    assert [s.step_id for s in await storage.list_steps("j1")] == ["s5"]
 
 
 async def test_list_steps__pages_by_after_and_limit(storage: Storage) -> None:
@@ -250,9 +255,8 @@ async def test_update_steps__sets_status_appends_changes_and_sets_or_clears_leas
     assert rescheduled.status_changes == (first, second)
     assert rescheduled.request == original.request and rescheduled.stage == original.stage
     assert await storage.get_step("j1", "gone") is None
-    assert await storage.get_step("j1", "s2") == step("j1", "s2").model_copy(
-        update={"updated": (await storage.get_step("j1", "s2")).updated}  # type: ignore[union-attr]
-    )
+    untouched = await storage.get_step("j1", "s2")
+    assert untouched is not None and (untouched.status, untouched.status_changes) == (SCHEDULED, ())
 
 
 async def test_delete_steps_and_remove_job_steps(storage: Storage) -> None:
@@ -334,11 +338,14 @@ async def test_counted_steps__write_cost_flat_from_empty_to_a_million(
     await storage.add_counted("other", COMPLETED, ["x"])
     size_before = _sqlite_size(storage_url) if provider == "sqlite" else 0
 
+    # This process's CPU time, which other load on the machine barely changes; MongoDB works in
+    # the server's process, so that leg takes the wall time.
+    clock = time.perf_counter if provider == "mongodb" else time.process_time
     seconds = []
     for start in range(0, total, batch):
-        began = time.perf_counter()
+        began = clock()
         await storage.add_counted("big", COMPLETED, ids[start : start + batch])
-        seconds.append(time.perf_counter() - began)
+        seconds.append(clock() - began)
 
     assert await storage.count_counted("big", COMPLETED) == total
     # The min of a few batches filters out pauses (GC, checkpoints, dict resizes, other load).
@@ -396,8 +403,9 @@ def _corrupt(provider: str, storage: Storage, url: str) -> None:
     else:
         import pymongo
 
+        client: pymongo.MongoClient[dict[str, object]]
         with pymongo.MongoClient(url) as client:
-            database = client.get_default_database()
+            database: pymongo.database.Database[dict[str, object]] = client.get_default_database()
             database.jobs.update_one({"_id": "bad"}, {"$set": {"status": "NoSuchStatus"}})
             database.job_steps.update_one({"_id": "j1/bad"}, {"$set": {"status": "NoSuch"}})
 
@@ -497,6 +505,13 @@ async def test_sqlite__unopenable_file_is_unavailable(tmp_path: Path) -> None:
         with pytest.raises(StorageUnavailableError, match="cannot open SQLite database"):
             await storage.get_job("j1")
         await storage.close()
+
+
+def test_sqlite__pickles_as_its_url(tmp_path: Path) -> None:
+    """Ray may ship a storage to an actor: the copy opens its own connection and thread."""
+    storage = SqliteStorage(f"sqlite:///{tmp_path / 'jobs.db'}")
+    copy = pickle.loads(pickle.dumps(storage))
+    assert type(copy) is SqliteStorage and copy.url == storage.url and copy is not storage
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:", "sqlite:x.db"])

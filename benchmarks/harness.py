@@ -1,0 +1,293 @@
+"""The benchmark harness behind `choreography-ray bench`: the durable job against bare Ray, in
+one run, on one local Ray cluster started here.
+
+A *round* measures, for each number of steps, one after another:
+
+1. the durable job (`benchmarks/workloads.py:BenchJob`) on each storage, from `start` to a
+   terminal status;
+2. as many bare Ray tasks (`@ray.remote` no-op), submitted and gathered;
+3. the storage ceiling on each storage: the provider's raw bulk insert + update + delete of as
+   many step records;
+
+and once per round, one detached Ray actor per step on a sample, extrapolated. With `repeat`
+rounds, odd rounds run in the reverse order, so that neither side always goes first on a
+machine that warms up or gets busier. Peak memory is sampled throughout (`benchmarks/rss.py`).
+The extra scenarios (a resume after the job actor is killed halfway, the latency of a 1-step
+job) run after the rounds.
+
+Usable without the CLI:
+
+    from benchmarks.harness import BenchConfig, run
+    report = run(BenchConfig(steps=(1_000, 10_000)))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import ray
+
+import choreography_ray as cr
+from benchmarks import systems
+from benchmarks.results import BareTasksRun, BenchReport, DurableRun, Memory
+from benchmarks.rss import Peak, RssSampler, total_memory
+from benchmarks.workloads import BenchRequest
+from choreography_ray.storage import redact_url
+
+#: The Ray namespace of the benchmark's actors.
+RAY_NAMESPACE = "choreography-bench"
+#: `step_lease_timeout` when leases are on, in seconds.
+LEASE_SECONDS = 30.0
+#: Steps of the untimed job each storage runs first (imports, step hosts, connections).
+WARMUP_STEPS = 100
+#: The repository root: `benchmarks` is imported from here, by the driver and by Ray workers.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    #: Numbers of steps, each measured in every round.
+    steps: tuple[int, ...] = (10_000,)
+    #: Storage URLs; empty = one SQLite file in a temporary directory.
+    storages: tuple[str, ...] = ()
+    stages: int = 1
+    leases: bool = True
+    #: `max_active_steps_per_job`; None = no window.
+    window: int | None = None
+    #: Simulated work per step, in milliseconds (an `asyncio.sleep`).
+    step_ms: float = 0.0
+    #: Share of steps that fail (every `round(1 / fail_rate)`-th step).
+    fail_rate: float = 0.0
+    repeat: int = 1
+    #: Run the rounds (durable, bare tasks, actors, storage ceiling).
+    compare: bool = True
+    #: Actors created in the actor-per-step sample (0 = skip), and at most in flight.
+    actor_sample: int = 200
+    actor_window: int = 16
+    resume_halfway: bool = False
+    #: 1-step jobs timed for the latency scenario (0 = skip).
+    latency_runs: int = 0
+    #: Seconds any one job may take before the run fails.
+    timeout: float = 6 * 3600
+
+    def options(self) -> cr.JobsOptions:
+        return cr.JobsOptions(
+            step_lease_timeout=LEASE_SECONDS if self.leases else 0,
+            max_active_steps_per_job=self.window,
+        )
+
+    def request(self, steps: int) -> BenchRequest:
+        return BenchRequest(
+            steps=steps,
+            stages=min(self.stages, steps),
+            fail_rate=self.fail_rate,
+            step_ms=self.step_ms,
+        )
+
+
+def machine() -> dict[str, Any]:
+    """What the figures came from; the load average says how busy the machine was."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": total_memory(),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "choreography_ray": cr.__version__,
+        "load_average_at_start": list(os.getloadavg()),
+    }
+
+
+@contextmanager
+def local_ray() -> Iterator[None]:
+    """A fresh local Ray whose workers import `benchmarks` from `REPO_ROOT` (the job and step
+    types are stored by import path). An already initialized Ray is used as it is."""
+    if ray.is_initialized():
+        yield
+        return
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    previous = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONWARNINGS")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # Ray 2.60's `was_current_actor_reconstructed` (asked by every job actor as it starts)
+    # warns about Ray's own use of a deprecated property; once per job floods the output.
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [previous["PYTHONWARNINGS"], "ignore::DeprecationWarning:ray.runtime_context"])
+    )
+    try:
+        # "local": a new cluster even when RAY_ADDRESS or a `ray start` on this machine names
+        # another. The sampler measures the processes this one starts, and the benchmark's
+        # detached actors must not outlive it in someone else's cluster.
+        ray.init(
+            address="local",
+            namespace=RAY_NAMESPACE,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _with_memory(record: Memory, peak: Peak) -> None:
+    record.peak_rss_workers_bytes = peak.workers
+    record.peak_rss_all_bytes = peak.all
+
+
+@dataclass
+class _Session:
+    config: BenchConfig
+    sampler: RssSampler
+    connections: dict[str, systems.Connection]
+    report: BenchReport
+    log: Log
+
+    def durable(self, repeat: int, steps: int, url: str) -> None:
+        self.log(f"durable job: {steps:,} steps on {redact_url(url)}")
+        with self.sampler.measure() as peak:
+            seconds, state = self.connections[url].run_job(
+                self.config.request(steps), self.config.timeout
+            )
+        run = DurableRun(
+            repeat=repeat,
+            steps=steps,
+            storage=redact_url(url),
+            seconds=seconds,
+            status=str(state.status),
+            successful_steps=state.progress.successful_steps,
+            failed_steps=state.progress.failed_steps,
+        )
+        _with_memory(run, peak)
+        self.report.durable.append(run)
+
+    def bare(self, repeat: int, steps: int) -> None:
+        self.log(f"bare Ray tasks: {steps:,}")
+        with self.sampler.measure() as peak:
+            seconds = systems.bare_tasks(steps)
+        run = BareTasksRun(repeat=repeat, steps=steps, seconds=seconds)
+        _with_memory(run, peak)
+        self.report.bare_tasks.append(run)
+
+    def ceiling(self, repeat: int, steps: int, url: str) -> None:
+        self.log(f"storage ceiling: {steps:,} records on {redact_url(url)}")
+        with self.sampler.measure() as peak:
+            run = systems.storage_ceiling(repeat, url, steps, self.config.leases)
+        _with_memory(run, peak)
+        self.report.storage_ceiling.append(run)
+
+    def actors(self, repeat: int) -> None:
+        sample, window = self.config.actor_sample, self.config.actor_window
+        self.log(f"one actor per step: a sample of {sample}, {window} at once")
+        with self.sampler.measure() as peak:
+            run = systems.actor_sample(repeat, sample, window, RAY_NAMESPACE)
+        _with_memory(run, peak)
+        self.report.actors.append(run)
+
+    def round(self, repeat: int) -> None:
+        phases: list[partial[None]] = []
+        for steps in self.config.steps:
+            phases += [partial(self.durable, repeat, steps, url) for url in self.connections]
+            phases.append(partial(self.bare, repeat, steps))
+            phases += [partial(self.ceiling, repeat, steps, url) for url in self.connections]
+        if self.config.actor_sample > 0:
+            phases.append(partial(self.actors, repeat))
+        if repeat % 2:
+            phases.reverse()
+        for phase in phases:
+            phase()
+
+    def warm_up(self) -> None:
+        self.log("warming up (untimed): Ray workers, step hosts, storage connections")
+        systems.bare_tasks(min(1_000, max(self.config.steps)))
+        for connection in self.connections.values():
+            connection.run_job(self.config.request(WARMUP_STEPS), self.config.timeout)
+        if self.config.compare and self.config.actor_sample > 0:
+            systems.actor_per_step(min(16, self.config.actor_sample), 16, RAY_NAMESPACE)
+
+
+def attach_baselines(report: BenchReport) -> None:
+    """Gives every durable run the bare-task, storage-ceiling and actor times of its round."""
+    bare = {(r.repeat, r.steps): r.seconds for r in report.bare_tasks}
+    ceiling = {(r.repeat, r.steps, r.storage): r.seconds for r in report.storage_ceiling}
+    actors = {r.repeat: r for r in report.actors}
+    for run in report.durable:
+        run.bare_tasks_seconds = bare.get((run.repeat, run.steps))
+        if run.bare_tasks_seconds:
+            run.ratio_vs_bare_tasks = run.seconds / run.bare_tasks_seconds
+        run.storage_ceiling_seconds = ceiling.get((run.repeat, run.steps, run.storage))
+        if run.storage_ceiling_seconds:
+            run.ratio_vs_storage_ceiling = run.seconds / run.storage_ceiling_seconds
+        sample = actors.get(run.repeat)
+        if sample is not None:
+            run.actors_seconds_extrapolated = sample.seconds_for(run.steps)
+
+
+def run(config: BenchConfig, log: Log = print) -> BenchReport:
+    """Runs every round and scenario `config` asks for and returns what was measured."""
+    scratch = tempfile.mkdtemp(prefix="choreography-bench-")
+    urls = config.storages or (f"sqlite:///{Path(scratch) / 'bench.db'}",)
+    report = BenchReport(machine=machine(), config={**asdict(config), "storages": []})
+    report.config["storages"] = [redact_url(url) for url in urls]
+    report.config["lease_seconds"] = LEASE_SECONDS if config.leases else 0
+    sampler = RssSampler()
+    try:
+        with local_ray():
+            sampler.start()
+            options = config.options()
+            connections = {
+                url: systems.Connection.open(url, options, RAY_NAMESPACE, f"storage-{i}")
+                for i, url in enumerate(urls)
+            }
+            session = _Session(config, sampler, connections, report, log)
+            session.warm_up()
+            if config.compare:
+                for repeat in range(config.repeat):
+                    if config.repeat > 1:
+                        log(f"round {repeat + 1} of {config.repeat}")
+                    session.round(repeat)
+                attach_baselines(report)
+            for repeat in range(config.repeat if config.resume_halfway else 0):
+                for steps in config.steps:
+                    for url, connection in connections.items():
+                        log(f"resume after the job actor is killed: {steps:,} steps on "
+                            f"{redact_url(url)}")  # fmt: skip
+                        with sampler.measure() as peak:
+                            resumed = systems.resume_halfway(
+                                connection, repeat, config.request(steps), config.timeout
+                            )
+                        _with_memory(resumed, peak)
+                        report.resume_halfway.append(resumed)
+            if config.latency_runs > 0:
+                for url, connection in connections.items():
+                    log(f"latency of a 1-step job: {config.latency_runs} runs on "
+                        f"{redact_url(url)}")  # fmt: skip
+                    report.latency.append(
+                        systems.latency(connection, config.latency_runs, config.timeout)
+                    )
+    finally:
+        sampler.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.machine["load_average_at_end"] = list(os.getloadavg())
+    return report
+
+
+__all__ = ["LEASE_SECONDS", "RAY_NAMESPACE", "BenchConfig", "attach_baselines", "run"]

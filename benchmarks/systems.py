@@ -1,0 +1,356 @@
+"""The systems the harness measures, each as one function: the durable job, bare Ray tasks,
+one detached actor per step, the storage ceiling, a resume after the job actor is killed, and
+the latency of a 1-step job. `benchmarks/harness.py` runs them in rounds.
+
+A durable job's end is observed by polling its record through the jobs-manager actor every
+`POLL_SECONDS` (`JobsManager.wait` backs off to 0.5 s between polls, too coarse to time with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ray
+
+import choreography_ray as cr
+from benchmarks.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
+from benchmarks.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
+from choreography_ray.client import SETTLED
+from choreography_ray.model import Lease, StatusChange, StepState, utcnow
+from choreography_ray.runtime.names import job_name, manager_name
+from choreography_ray.runtime.shared_storage import open_shared_storage
+from choreography_ray.status import StepStatus
+from choreography_ray.storage import CountedKind, StepUpdate, open_storage, redact_url
+from choreography_ray.types import type_path
+
+#: Seconds between two polls of a job's record.
+POLL_SECONDS = 0.01
+#: Steps per `insert_steps` call when a job stores its plan (as `runtime/job_actor.py` does).
+PLAN_BATCH = 50_000
+#: Updates and deletes per bulk write: a step host's start batch and group commit.
+WRITE_BATCH = cr.JobsOptions().step_batch_size
+
+
+@dataclass
+class Connection:
+    """One storage's connection and the jobs manager the benchmark uses on it."""
+
+    jobs: cr.Jobs
+    manager: cr.JobsManager
+    #: The manager's actor handle, for `status` polls that do not back off.
+    handle: Any
+
+    @classmethod
+    def open(cls, storage: str, options: cr.JobsOptions, namespace: str, key: str) -> Connection:
+        jobs = cr.Jobs.connect(storage=storage, options=options, namespace=namespace)
+        manager = jobs.manager("bench", key)
+        handle = ray.get_actor(manager_name("bench", key), namespace=namespace)
+        return cls(jobs, manager, handle)
+
+    @property
+    def storage(self) -> str:
+        return self.jobs.storage
+
+    def status(self, job_id: str) -> cr.JobState:
+        state: cr.JobState = ray.get(self.handle.status.remote(job_id))
+        return state
+
+    def poll(
+        self, job_id: str, until: Callable[[cr.JobState], bool], timeout: float
+    ) -> cr.JobState:
+        """The job's record once `until` holds, polled every `POLL_SECONDS`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.status(job_id)
+            if until(state):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {state.status} after {timeout:g} s")
+            time.sleep(POLL_SECONDS)
+
+    def run_job(self, request: BenchRequest, timeout: float) -> tuple[float, cr.JobState]:
+        """Seconds from `start` to a terminal status, and the final record."""
+        began = time.perf_counter()
+        started = self.manager.start(BenchJob, request)
+        state = self.poll(started.job_id, _settled, timeout)
+        return time.perf_counter() - began, state
+
+
+def _settled(state: cr.JobState) -> bool:
+    return state.status in SETTLED
+
+
+def _counted(state: cr.JobState) -> int:
+    return state.progress.successful_steps + state.progress.failed_steps
+
+
+# -- bare Ray ---------------------------------------------------------------------------------
+
+
+@ray.remote
+def _noop() -> None:
+    return None
+
+
+def bare_tasks(steps: int) -> float:
+    """Seconds to submit `steps` no-op tasks and gather their results."""
+    began = time.perf_counter()
+    ray.get([_noop.remote() for _ in range(steps)])
+    return time.perf_counter() - began
+
+
+@ray.remote
+class _StepActor:
+    def run(self) -> None:
+        return None
+
+
+def actor_per_step(sample: int, window: int, namespace: str) -> float:
+    """Seconds to create `sample` detached actors, call each once and kill it, with at most
+    `window` created and not yet answered at any time."""
+    prefix = f"bench-step/{uuid.uuid4().hex[:8]}"
+    in_flight: dict[Any, Any] = {}
+    created = 0
+    began = time.perf_counter()
+    while created < sample or in_flight:
+        while created < sample and len(in_flight) < window:
+            actor = _StepActor.options(  # type: ignore[attr-defined]
+                name=f"{prefix}/{created}", namespace=namespace, lifetime="detached"
+            ).remote()
+            in_flight[actor.run.remote()] = actor
+            created += 1
+        done, _ = ray.wait(list(in_flight), num_returns=1)
+        for ref in done:
+            ray.get(ref)
+            ray.kill(in_flight.pop(ref))
+    return time.perf_counter() - began
+
+
+def actor_sample(repeat: int, sample: int, window: int, namespace: str) -> ActorSample:
+    seconds = actor_per_step(sample, window, namespace)
+    return ActorSample(repeat=repeat, sample=sample, window=window, seconds=seconds)
+
+
+# -- the storage ceiling ----------------------------------------------------------------------
+
+
+async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, float]:
+    storage = open_storage(url)
+    job_id = f"ceiling-{uuid.uuid4().hex}"
+    width = max(6, len(str(steps)))
+    ids = [f"{i:0{width}d}" for i in range(steps)]
+    now = utcnow()
+    request = BenchItem().model_dump(mode="json")
+    records = [
+        StepState.model_construct(
+            job_id=job_id,
+            step_id=step_id,
+            type=type_path(BenchStep),
+            stage=0,
+            status=StepStatus.SCHEDULED,
+            attempt=0,
+            lease=None,
+            is_prepared=True,
+            request=request,
+            status_changes=(),
+            updated=now,
+            schema_version=1,
+        )
+        for step_id in ids
+    ]
+    lease = Lease(silo="bench", activation="bench#1", heartbeat=now) if leases else None
+    running = StatusChange(status=StepStatus.RUNNING)
+    updates = [StepUpdate(job_id, i, StepStatus.RUNNING, 1, lease, running) for i in ids]
+    try:
+        await storage.count_counted(job_id, CountedKind.COMPLETED)  # connects; untimed
+        began = time.perf_counter()
+        for offset in range(0, steps, PLAN_BATCH):
+            await storage.insert_steps(records[offset : offset + PLAN_BATCH])
+        inserted = time.perf_counter()
+        for offset in range(0, steps, WRITE_BATCH):
+            await storage.update_steps(updates[offset : offset + WRITE_BATCH])
+        updated = time.perf_counter()
+        for offset in range(0, steps, WRITE_BATCH):
+            await storage.delete_steps(job_id, ids[offset : offset + WRITE_BATCH])
+        deleted = time.perf_counter()
+        await storage.remove_job_steps(job_id)
+    finally:
+        await storage.close()
+    return inserted - began, updated - inserted, deleted - updated
+
+
+def storage_ceiling(repeat: int, url: str, steps: int, leases: bool) -> CeilingRun:
+    """Bulk insert (`PLAN_BATCH` per call), update to RUNNING with a status change and, when
+    leases are on, a lease (`WRITE_BATCH` per call), then delete (`WRITE_BATCH` per call)."""
+    insert, update, delete = asyncio.run(_ceiling(url, steps, leases))
+    return CeilingRun(
+        repeat=repeat,
+        steps=steps,
+        storage=redact_url(url),
+        insert_seconds=insert,
+        update_seconds=update,
+        delete_seconds=delete,
+    )
+
+
+# -- resume after the job actor is killed -----------------------------------------------------
+
+
+def _sqlite_path(url: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(url[len(prefix) :]) if url.startswith(prefix) else None
+
+
+def _sqlite_sizes(path: Path) -> tuple[int, int]:
+    """(bytes of the `job_counted_steps` B-trees, bytes of the file), after a checkpoint."""
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        row = connection.execute(
+            "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN "
+            "(SELECT name FROM sqlite_schema WHERE tbl_name = 'job_counted_steps')"
+        ).fetchone()
+    return int(row[0]), path.stat().st_size
+
+
+def _start_in_background(
+    connection: Connection, request: BenchRequest
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Calls `start` on a thread; the dict gets the `StartedJob` or the error it raised."""
+    answer: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            answer["started"] = connection.manager.start(BenchJob, request)
+        except Exception as error:  # the job actor died under the call: expected here
+            answer["error"] = error
+
+    thread = threading.Thread(target=call, name="bench-start", daemon=True)
+    thread.start()
+    return thread, answer
+
+
+def _new_job(
+    connection: Connection, known: set[str], answer: dict[str, Any], timeout: float
+) -> str:
+    """The id of the job being started: from `start`'s answer, or from the manager's list while
+    `start` is still running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "started" in answer:
+            job_id: str = answer["started"].job_id
+            return job_id
+        if "error" in answer:
+            raise answer["error"]
+        new = [job.id for job in connection.manager.list() if job.id not in known]
+        if new:
+            return new[0]
+        time.sleep(POLL_SECONDS)
+    raise TimeoutError(f"no job started within {timeout:g} s")
+
+
+def resume_halfway(
+    connection: Connection, repeat: int, request: BenchRequest, timeout: float
+) -> ResumeRun:
+    """Starts the job, kills its job actor once its saved progress shows half its steps
+    counted (Ray restarts it and it resumes from storage), and waits for a terminal status.
+
+    `start` returns once the first wave of steps has started, and with no-op steps the job
+    runs most of its steps meanwhile, so the job is watched (and killed) while `start` may
+    still be running on a thread. The progress is saved every `progress_save_interval`
+    (250 ms): a job of a few seconds is killed later than half way, or not at all (`killed`
+    False); time this scenario with 100,000 steps."""
+    steps = request.steps
+    path = _sqlite_path(connection.storage)
+    before = _sqlite_sizes(path) if path else None
+    known = {job.id for job in connection.manager.list()}
+    began = time.perf_counter()
+    starter, answer = _start_in_background(connection, request)
+    job_id = _new_job(connection, known, answer, timeout)
+    state = connection.poll(
+        job_id, lambda s: _settled(s) or _counted(s) >= steps / 2, timeout=timeout
+    )
+    killed_at: float | None = None
+    killed_on: datetime | None = None
+    start_returned = "started" in answer
+    if not _settled(state):
+        with contextlib.suppress(ValueError):  # the actor exited: the job ended meanwhile
+            actor = ray.get_actor(job_name(job_id), namespace=connection.jobs.namespace)
+            killed_on = datetime.now(UTC)
+            ray.kill(actor, no_restart=False)
+            killed_at = time.perf_counter()
+    progress_at_kill = _counted(state) / steps
+    state = connection.poll(job_id, _settled, timeout=timeout)
+    ended = time.perf_counter()
+    starter.join(timeout=timeout)
+    if killed_on is not None and state.status_changes[-1].occurred <= killed_on:
+        killed_at = None  # the job had ended: its saved progress lagged behind
+    counted = asyncio.run(_count_counted(connection, job_id))
+    run = ResumeRun(
+        repeat=repeat,
+        steps=steps,
+        storage=redact_url(connection.storage),
+        seconds=ended - began,
+        killed=killed_at is not None,
+        start_returned_before_kill=start_returned,
+        seconds_after_kill=None if killed_at is None else ended - killed_at,
+        progress_at_kill=None if killed_at is None else progress_at_kill,
+        status=str(state.status),
+        successful_steps=state.progress.successful_steps,
+        failed_steps=state.progress.failed_steps,
+        counted_records=counted,
+    )
+    if path and before:
+        after = _sqlite_sizes(path)
+        run.db_file_growth_bytes = after[1] - before[1]
+        if counted:
+            run.bytes_per_counted_record = (after[0] - before[0]) / counted
+    return run
+
+
+async def _count_counted(connection: Connection, job_id: str) -> int:
+    storage = open_shared_storage(connection.storage, connection.jobs.namespace)
+    try:
+        return await storage.count_counted(job_id, CountedKind.COMPLETED)
+    finally:
+        await storage.close()
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+
+def latency(connection: Connection, runs: int, timeout: float) -> LatencyResult:
+    """`runs` 1-step jobs timed by polling, alternating with `runs` timed by `manager.wait`,
+    after one untimed job."""
+    request = BenchRequest(steps=1)
+    connection.run_job(request, timeout)
+    polled: list[float] = []
+    waited: list[float] = []
+    for _ in range(runs):
+        polled.append(connection.run_job(request, timeout)[0])
+        began = time.perf_counter()
+        started = connection.manager.start(BenchJob, request)
+        connection.manager.wait(started.job_id, timeout=timeout)
+        waited.append(time.perf_counter() - began)
+    deciles = statistics.quantiles(polled, n=10, method="inclusive") if runs > 1 else polled * 9
+    return LatencyResult(
+        storage=redact_url(connection.storage),
+        runs=runs,
+        p50_seconds=statistics.median(polled),
+        p90_seconds=deciles[-1],
+        min_seconds=min(polled),
+        max_seconds=max(polled),
+        wait_p50_seconds=statistics.median(waited),
+        samples=polled,
+        wait_samples=waited,
+    )

@@ -1,0 +1,147 @@
+"""`choreography-ray bench`: the durable job against bare Ray tasks, in one run.
+
+The measuring lives in the repository's `benchmarks/` package (`benchmarks/harness.py`), next to
+this package in a source checkout; this command finds it there, puts the repository root on
+`sys.path` (the Ray workers get it on `PYTHONPATH`), and only parses options and prints. An
+installed wheel has no `benchmarks/`: the command then says so and exits 2. docs/benchmarks.md
+explains the columns.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated
+
+import typer
+
+from choreography_ray.cli._common import console, err_console, fail, resolve_storage
+
+#: Where `benchmarks/` is in a source checkout: the directory that holds this package.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> tuple[ModuleType, ModuleType]:
+    """`benchmarks.harness` and `benchmarks.report` from the source checkout; exits 2 when
+    there is none."""
+    if (REPO_ROOT / "benchmarks" / "harness.py").is_file() and str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from benchmarks import harness, report
+    except ImportError as error:
+        fail(
+            "`bench` runs from a source checkout of choreography-ray: it needs the "
+            f"repository's benchmarks/ package, looked for in {REPO_ROOT} ({error})"
+        )
+    return harness, report
+
+
+def bench(
+    steps: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--steps", min=1, help="Steps per job; repeat for several sizes.", show_default="10000"
+        ),
+    ] = None,
+    stages: Annotated[int, typer.Option(min=1, help="Stages the steps are spread over.")] = 1,
+    storage: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage",
+            help="Storage URL (sqlite:///path.db, mongodb://host/db, memory://); repeatable.",
+            show_default="an SQLite file in a temporary directory",
+        ),
+    ] = None,
+    leases: Annotated[
+        bool, typer.Option("--leases/--no-leases", help="Step leases on (a 30 s timeout) or off.")
+    ] = True,
+    window: Annotated[
+        int | None,
+        typer.Option(min=1, metavar="N", help="At most N steps running at once per job."),
+    ] = None,
+    step_ms: Annotated[
+        float, typer.Option(min=0, help="Simulated work per step, in milliseconds.")
+    ] = 0.0,
+    fail_rate: Annotated[
+        float, typer.Option(min=0, max=1, help="Share of steps that fail, e.g. 0.01.")
+    ] = 0.0,
+    repeat: Annotated[
+        int, typer.Option(min=1, help="Rounds; odd rounds run in the reverse order.")
+    ] = 1,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare/--no-compare",
+            help="Run the comparison rounds (durable, bare tasks, actors, storage ceiling).",
+        ),
+    ] = True,
+    actor_sample: Annotated[
+        int, typer.Option(min=0, help="Actors in the one-actor-per-step sample; 0 skips it.")
+    ] = 200,
+    resume_halfway: Annotated[
+        bool,
+        typer.Option(
+            "--resume-halfway",
+            help="Also run each job with its job actor killed halfway, and resumed.",
+        ),
+    ] = False,
+    latency: Annotated[
+        int,
+        typer.Option("--latency", min=0, metavar="N", help="Also time N 1-step jobs (p50, warm)."),
+    ] = 0,
+    json_file: Annotated[
+        Path | None,
+        typer.Option("--json", metavar="FILE", help="Write every measurement to FILE as JSON."),
+    ] = None,
+    plot_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Draw time per step against steps (needs the `bench` extra: matplotlib).",
+        ),
+    ] = None,
+) -> None:
+    """Benchmark the durable job against bare Ray tasks, actors and the storage, in one run.
+
+    It starts its own local Ray. See docs/benchmarks.md for what each column means.
+    """
+    harness, report_module = _load()
+    if plot_file is not None and not report_module.can_plot():
+        err_console.print(
+            f"matplotlib is not installed, so --plot {plot_file} will be skipped: "
+            "pip install 'choreography-ray[bench]'",
+            highlight=False,
+        )
+        plot_file = None
+    config = harness.BenchConfig(
+        steps=tuple(steps or (10_000,)),
+        storages=tuple(resolve_storage(url) for url in storage or ()),
+        stages=stages,
+        leases=leases,
+        window=window,
+        step_ms=step_ms,
+        fail_rate=fail_rate,
+        repeat=repeat,
+        compare=compare,
+        actor_sample=actor_sample,
+        resume_halfway=resume_halfway,
+        latency_runs=latency,
+    )
+
+    def log(message: str) -> None:
+        err_console.print(f"[dim]{message}[/dim]", highlight=False)
+
+    report = harness.run(config, log=log)
+    report_module.print_report(report, console)
+    if json_file is not None:
+        report_module.write_json(report, json_file)
+        err_console.print(f"wrote {json_file}", highlight=False)
+    if plot_file is not None:
+        report_module.plot(report, plot_file)
+        err_console.print(f"wrote {plot_file}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

@@ -1,0 +1,174 @@
+"""Recovery across nodes, on real multi-node Ray (`ray.cluster_utils.Cluster`).
+
+Each scenario is a script run in a subprocess: it starts its own Cluster (it cannot share the
+session Ray of `conftest.py`), prints its results as one JSON line, and always shuts the
+Cluster down, also past its own deadline (SIGALRM). Ray's processes share the script's fate,
+and the test kills the script's process group should it hang anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import choreography_ray as cr
+from tests.runtime.rehydration_jobs import read
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NODE_LOSS = """
+import json, signal, sys, time
+
+import ray
+from ray.cluster_utils import Cluster
+
+import choreography_ray as cr
+from tests.runtime.rehydration_jobs import RecordedJob, RecordedRequest, read
+
+storage, log, lease, deadline = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+STEPS = 16
+
+
+def on_deadline(*_):
+    raise TimeoutError(f"node-loss scenario still running after {deadline} s")
+
+
+signal.signal(signal.SIGALRM, on_deadline)
+signal.alarm(deadline)
+# Ray declares a silent node dead after 3 missed checks 0.5 s apart, not after about 30 s.
+health = {"health_check_period_ms": 500, "health_check_timeout_ms": 500,
+          "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 1, "include_dashboard": False, "_system_config": health})
+try:
+    ray.init(address=cluster.address, namespace="node-loss", logging_level="WARNING")
+    head = ray.get_runtime_context().get_node_id()
+    # One step per start batch: each batch goes to the next step host, so the first wave is
+    # spread over both nodes.
+    options = cr.JobsOptions(step_lease_timeout=lease, job_watchdog_interval=0.5,
+                             max_active_steps_per_job=4, step_batch_size=1,
+                             reconciliation_interval=0)
+    jobs = cr.Jobs.connect(storage=storage, options=options, namespace="node-loss")
+    # The manager (and the recovery actor) are made while the head is the only node.
+    manager = jobs.manager("cluster", "node-loss")
+    manager.list()
+    worker = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    job = manager.start(RecordedJob, RecordedRequest(log=log, steps=STEPS, sleep=1.5))
+    placed = {a["Name"]: a["Address"]["NodeID"]
+              for a in ray._private.state.actors().values() if a["State"] == "ALIVE"}
+
+    def in_flight_on_worker():
+        runs = read(log)
+        ended = {r["step"] for r in runs if r["event"] == "end" and r["node"] == worker.node_id}
+        return [r["step"] for r in runs
+                if r["event"] == "start" and r["node"] == worker.node_id
+                and r["step"] not in ended]
+
+    while not in_flight_on_worker():
+        if manager.get(job.job_id).status is not cr.JobStatus.RUNNING:
+            raise AssertionError(f"no step ran on the worker: {read(log)}")
+        time.sleep(0.05)
+    lost = in_flight_on_worker()
+    removed_at = time.time()
+    cluster.remove_node(worker)
+    state = manager.wait(job.job_id, timeout=120)
+    # The recovery actor saw the node die and ran a pass (harmless for a job running live).
+    recovery = ray.get_actor("recovery", namespace="node-loss")
+    passes = 0
+    for _ in range(100):
+        passes = ray.get(recovery.stats.remote())["passes"]
+        if passes:
+            break
+        time.sleep(0.1)
+    print(json.dumps({
+        "status": state.status, "progress": state.progress.model_dump(), "head": head,
+        "worker": worker.node_id, "lost": lost, "removed_at": removed_at,
+        "finished_at": time.time(), "steps": STEPS, "placed": placed,
+        "job": job.job_id, "passes": passes,
+    }), flush=True)
+finally:
+    signal.alarm(0)
+    ray.shutdown()
+    cluster.shutdown()
+"""
+
+
+def run_scenario(script: str, *args: str, timeout: int) -> dict[str, Any]:
+    """Runs the script in a process group of its own; the last line of its output is JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args, str(timeout)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"scenario hung past its deadline:\n{err[-3000:]}")
+    assert process.returncode == 0, err[-5000:]
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+LEASE = 2.0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lease", [LEASE, 0.0], ids=["leases-on", "leases-off"])
+def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
+    tmp_path: Path, lease: float
+) -> None:
+    """Leases on: the lost steps restart once the owner node is gone and the lease expired.
+    Leases off: the job learns of the dead step host from Ray's error and restarts them."""
+    storage = f"sqlite:///{tmp_path / 'jobs.db'}"
+    log = tmp_path / "steps.jsonl"
+    result = run_scenario(NODE_LOSS, storage, str(log), str(lease), timeout=180)
+
+    steps, head, worker = result["steps"], result["head"], result["worker"]
+    # The scenario's premise: the job's own actor lives on the head; only steps are lost.
+    assert result["placed"].get(f"job/{result['job']}") == head, result["placed"]
+    assert result["status"] == cr.JobStatus.COMPLETED_SUCCESSFULLY
+    progress = result["progress"]
+    # Every step counted exactly once: no step lost, none counted twice.
+    assert progress["successful_steps"] == progress["total_steps"] == steps
+    assert progress["failed_steps"] == progress["stopped_steps"] == 0
+
+    runs = read(log)
+    ends: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        if r["event"] == "end":
+            ends[r["step"]].append(r)
+    assert set(ends) == {f"{i:06d}" for i in range(steps)}
+    assert {r["node"] for r in runs} == {head, worker}  # both nodes ran steps
+    # The steps in flight on the removed node never ended there; each ran again on the
+    # surviving node, after the removal.
+    lost = result["lost"]
+    assert lost
+    for step_id in lost:
+        assert not [r for r in ends[step_id] if r["node"] == worker], step_id
+        on_worker = min(r["at"] for r in runs if r["step"] == step_id
+                        and r["event"] == "start" and r["node"] == worker)
+        again = [r["at"] for r in runs if r["step"] == step_id and r["event"] == "start"
+                 and r["node"] == head and r["at"] > result["removed_at"]]
+        assert again, step_id
+        assert [r for r in ends[step_id] if r["node"] == head], step_id
+        if lease:
+            # Not before its lease expired: its heartbeat is no older than its start there.
+            assert min(again) - on_worker >= lease - 0.05, (step_id, on_worker, again)
+    # Ray reported the node dead, and the recovery actor ran a pass for it.
+    assert result["passes"] >= 1

@@ -1,0 +1,602 @@
+"""Rehydration on real Ray: what a manager's `rehydrate()` does to the jobs a dead cluster left
+behind, and how the recovery actor finds the keys to rehydrate.
+
+The state a dead cluster leaves is written straight into the test's SQLite file (jobs, their
+step plans, the key catalog); then a manager rehydrates it, or the recovery actor does when a
+connection registers the storage. Hooks and steps record what they do in files (see
+`rehydration_jobs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+import ray
+
+import choreography_ray as cr
+from choreography_ray.runtime.names import manager_name
+from choreography_ray.storage import CountedKind, Storage, open_storage
+from choreography_ray.types import type_path
+from tests.runtime.rehydration_jobs import (
+    RecordedJob,
+    RecordedStep,
+    SlowResumeJob,
+    events_dir,
+    events_file,
+    flaky_keys_path,
+    read,
+)
+
+T = TypeVar("T")
+RAY_NAMESPACE = "choreography-tests"
+#: An hour ago: jobs left by a cluster that died a while back.
+EPOCH = datetime.now(UTC) - timedelta(hours=1)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def in_storage(url: str, use: Callable[[Storage], Awaitable[T]]) -> T:
+    """Runs `use` on a storage of its own, opened on the test's SQLite file and closed after."""
+
+    async def go() -> T:
+        storage = open_storage(url)
+        try:
+            return await use(storage)
+        finally:
+            await storage.close()
+
+    return asyncio.run(go())
+
+
+def seed_job(
+    url: str,
+    *,
+    scope: str,
+    namespace: str,
+    status: cr.JobStatus,
+    log: str,
+    steps: list[tuple[int, cr.StepStatus]],
+    job_type: str = type_path(RecordedJob),
+    created: datetime = EPOCH,
+    has_plan: bool = True,
+    stop_finalized: bool = False,
+    stage: int = 0,
+    started: frozenset[int] = frozenset({0}),
+    succeeded: int = 0,
+    stopped_counted: tuple[str, ...] = (),
+) -> str:
+    """Writes a job as a dead cluster left it: the record, and its plan's unfinished steps.
+
+    `steps` are (stage, status) of the stored step records; `succeeded` more steps of stage 0
+    succeeded already (their records are deleted, as a success deletes its record)."""
+    job_id = uuid.uuid4().hex
+    totals = Counter(s for s, _ in steps)
+    totals[0] += succeeded
+    stopped = sum(1 for _, status in steps if status is cr.StepStatus.STOPPED)
+    progress = cr.JobProgress(
+        total_steps=sum(totals.values()),
+        successful_steps=succeeded,
+        stopped_steps=stopped,
+        stages=tuple(
+            cr.StageProgress(
+                stage=s,
+                is_started=s in started,
+                total_steps=n,
+                successful_steps=succeeded if s == 0 else 0,
+                stopped_steps=sum(1 for t, st in steps if t == s and st is cr.StepStatus.STOPPED),
+            )
+            for s, n in sorted(totals.items())
+        )
+        if has_plan
+        else (),
+    )
+    if not has_plan:
+        progress = cr.JobProgress()
+    state = cr.JobState(
+        id=job_id,
+        scope=scope,
+        namespace=namespace,
+        type=job_type,
+        created=created,
+        request={"log": log, "steps": len(steps) + succeeded},
+        has_plan=has_plan,
+        stop_finalized=stop_finalized,
+        stage=stage,
+        progress=progress,
+    ).with_status(cr.JobStatus.PREPARING_JOB)
+    if status is not cr.JobStatus.PREPARING_JOB:
+        state = state.with_status(status)
+    records = [
+        cr.StepState(
+            job_id=job_id,
+            step_id=f"{succeeded + i:06d}",
+            type=type_path(RecordedStep),
+            stage=step_stage,
+            status=step_status,
+            attempt=0 if step_status is cr.StepStatus.SCHEDULED else 1,
+            request={"log": log, "sleep": 0.05},
+            updated=created,
+        )
+        for i, (step_stage, step_status) in enumerate(steps)
+    ]
+
+    async def write(storage: Storage) -> None:
+        await storage.create_job(state)
+        await storage.insert_steps(records)
+        if stopped_counted:
+            await storage.add_counted(job_id, CountedKind.STOPPED, stopped_counted)
+
+    in_storage(url, write)
+    return job_id
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def get_job(url: str, job_id: str) -> cr.JobState | None:
+    return in_storage(url, lambda s: s.get_job(job_id))
+
+
+def wait_status(url: str, job_id: str, *statuses: cr.JobStatus, timeout: float = 60) -> cr.JobState:
+    def settled() -> cr.JobState | None:
+        state = get_job(url, job_id)
+        return state if state is not None and state.status in statuses else None
+
+    return wait_until(settled, timeout, f"job {job_id} to be one of {statuses}")
+
+
+def drain_stats(scope: str, namespace: str) -> dict[str, Any]:
+    manager = ray.get_actor(manager_name(scope, namespace), namespace=RAY_NAMESPACE)
+    stats: dict[str, Any] = ray.get(manager.drain_stats.remote())
+    return stats
+
+
+def wait_drained(scope: str, namespace: str, timeout: float = 60) -> dict[str, Any]:
+    return wait_until(
+        lambda: (lambda s: s if s["done"] else None)(drain_stats(scope, namespace)),
+        timeout,
+        "the rehydration drain to finish",
+    )
+
+
+def ran(log: str, job_id: str) -> Counter[str]:
+    """How many times each step of the job ran to its end."""
+    return Counter(r["step"] for r in read(log) if r["job"] == job_id and r["event"] == "end")
+
+
+@pytest.fixture
+def events(scope: str) -> Iterator[None]:
+    yield
+    for path in events_dir().glob(f"{scope}*"):
+        path.unlink(missing_ok=True)
+
+
+# -- stops left behind are finished, never resumed ------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
+) -> None:
+    jobs = connect(reconciliation_interval=0)
+    manager = jobs.manager(scope, "left")
+    log = str(tmp_path / "steps.jsonl")
+    # Stage 0 had started: one step recorded its stop, one was running when the cluster died.
+    # Stage 1 never started: its steps have nothing to stop and are left alone.
+    layout = [
+        (0, cr.StepStatus.STOPPED),
+        (0, cr.StepStatus.RUNNING),
+        (1, cr.StepStatus.SCHEDULED),
+        (1, cr.StepStatus.SCHEDULED),
+    ]
+    stopped = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="left",
+        status=cr.JobStatus.STOPPED,
+        log=log,
+        steps=layout,
+        succeeded=1,
+        stopped_counted=("000001",),
+    )
+    removing = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="left",
+        status=cr.JobStatus.REMOVING,
+        log=log,
+        steps=layout,
+        succeeded=1,
+        stopped_counted=("000001",),
+        created=EPOCH + timedelta(seconds=1),
+    )
+
+    snapshot = manager.rehydrate()
+    assert snapshot == [stopped, removing]
+
+    wait_until(
+        lambda: (lambda j: j is not None and j.stop_finalized)(get_job(storage_url, stopped)),
+        60,
+        "the stop to be finalized",
+    )
+    wait_until(lambda: get_job(storage_url, removing) is None, 60, "the removal to complete")
+    wait_drained(scope, "left")
+
+    # The removal completed: the job, its steps and its counted records are gone.
+    async def leftovers(storage: Storage) -> tuple[int, int, int]:
+        return (
+            len(await storage.list_steps(removing)),
+            await storage.count_counted(removing, CountedKind.STOPPED),
+            await storage.count_counted(removing, CountedKind.COMPLETED),
+        )
+
+    assert in_storage(storage_url, leftovers) == (0, 0, 0)
+    # The stopped job stays stopped; its never-started stage is left alone.
+    state = get_job(storage_url, stopped)
+    assert state is not None
+    assert state.status is cr.JobStatus.STOPPED
+    steps = in_storage(storage_url, lambda s: s.list_steps(stopped))
+    assert {s.step_id: s.status for s in steps if s.stage == 1} == {
+        "000003": cr.StepStatus.SCHEDULED,
+        "000004": cr.StepStatus.SCHEDULED,
+    }
+    # on_stopped ran once for each; nothing resumed and no step ran.
+    assert Counter(e["job"] for e in read(events_file(scope, "stopped"))) == {
+        stopped: 1,
+        removing: 1,
+    }
+    assert read(events_file(scope, "resumed")) == []
+    assert read(log) == []
+
+    # A later pass leaves the finalized stop alone: on_stopped does not run again.
+    assert manager.rehydrate() == []
+    wait_drained(scope, "left")
+    time.sleep(1.0)
+    assert Counter(e["job"] for e in read(events_file(scope, "stopped"))) == {
+        stopped: 1,
+        removing: 1,
+    }
+    assert get_job(storage_url, stopped).stop_finalized  # type: ignore[union-attr]
+
+
+# -- no plan: MISSING_STEP_PLAN; a saved plan: the job continues -----------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_job_without_plan_fails_with_missing_step_plan_and_one_with_a_plan_continues(
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
+) -> None:
+    jobs = connect(reconciliation_interval=0)
+    manager = jobs.manager(scope, "preparing")
+    log = str(tmp_path / "steps.jsonl")
+    no_plan = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="preparing",
+        status=cr.JobStatus.PREPARING_JOB,
+        log=log,
+        steps=[],
+        has_plan=False,
+    )
+    planned = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="preparing",
+        status=cr.JobStatus.PREPARING_STEPS,
+        log=log,
+        steps=[(0, cr.StepStatus.SCHEDULED)] * 3,
+        started=frozenset(),
+        created=EPOCH + timedelta(seconds=1),
+    )
+
+    assert manager.rehydrate() == [no_plan, planned]
+
+    failed = wait_status(storage_url, no_plan, cr.JobStatus.FAILED)
+    assert cr.CannotResumeJobError.MISSING_STEP_PLAN in (failed.error or "")
+    with pytest.raises(cr.JobOperationError) as raised:
+        manager.resume(no_plan)
+    assert raised.value.error is cr.CannotResumeJobError.MISSING_STEP_PLAN
+    assert get_job(storage_url, no_plan).status is cr.JobStatus.FAILED  # type: ignore[union-attr]
+
+    # Interrupted while preparing, with its plan saved: continues from that plan.
+    done = manager.wait(planned, timeout=60)
+    assert done.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert done.progress.successful_steps == 3
+    assert ran(log, planned) == {"000000": 1, "000001": 1, "000002": 1}
+
+
+# -- a type that cannot be imported fails its job; the drain goes on --------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_unimportable_job_type_is_failed_and_the_drain_goes_on(
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
+) -> None:
+    jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
+    manager = jobs.manager(scope, "types")
+    log = str(tmp_path / "steps.jsonl")
+    broken = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="types",
+        status=cr.JobStatus.RUNNING,
+        log=log,
+        steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
+        job_type="nope.missing:Job",
+    )
+    # One step succeeded before the cluster died (its record is gone), one was running.
+    good = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="types",
+        status=cr.JobStatus.RUNNING,
+        log=log,
+        succeeded=1,
+        steps=[
+            (0, cr.StepStatus.RUNNING),
+            (0, cr.StepStatus.SCHEDULED),
+            (0, cr.StepStatus.SCHEDULED),
+        ],
+        created=EPOCH + timedelta(seconds=1),
+    )
+
+    assert manager.rehydrate() == [broken, good]
+
+    state = wait_status(storage_url, broken, cr.JobStatus.FAILED)
+    assert "nope.missing:Job" in (state.error or "")
+    assert any("nope.missing:Job" in m for c in state.status_changes for m in c.exception_messages)
+    done = manager.wait(good, timeout=60)
+    assert done.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert done.progress.successful_steps == done.progress.total_steps == 4
+    # Only the unfinished prepared steps ran, each once; the job kept its id, scope and key.
+    assert ran(log, good) == {"000001": 1, "000002": 1, "000003": 1}
+    assert (done.id, done.scope, done.namespace) == (good, scope, "types")
+    assert wait_drained(scope, "types")["drained"] == [broken, good]
+
+
+# -- the drain: bounded and oldest first ------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_drain_runs_at_most_max_concurrent_rehydration_resumes_oldest_first(
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
+) -> None:
+    limit, count = 3, 12
+    jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=limit)
+    manager = jobs.manager(scope, "drain")
+    log = str(tmp_path / "steps.jsonl")
+    order = list(range(count))
+    random.Random(5).shuffle(order)  # stored in another order than created
+    created: dict[int, str] = {}
+    for n in order:
+        created[n] = seed_job(
+            storage_url,
+            scope=scope,
+            namespace="drain",
+            status=cr.JobStatus.RUNNING,
+            log=log,
+            job_type=type_path(SlowResumeJob),
+            steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
+            created=EPOCH + timedelta(seconds=n),
+        )
+    oldest_first = [created[n] for n in range(count)]
+
+    assert manager.rehydrate() == oldest_first
+    # A call during the drain shares it: same snapshot, nothing dispatched twice.
+    assert manager.rehydrate() == oldest_first
+
+    for job_id in oldest_first:
+        state = manager.wait(job_id, timeout=120)
+        assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+        assert state.progress.successful_steps == 2
+    stats = wait_drained(scope, "drain")
+    assert stats["drained"] == oldest_first
+    assert 2 <= stats["peak"] <= limit
+
+    hooks = read(events_file(scope, "resumed"))
+    assert sorted(h["job"] for h in hooks) == sorted(oldest_first)  # each resumed once
+    # The peak overlap of resume hooks, from their own clocks.
+    edges = sorted(
+        [(h["start"], 1) for h in hooks] + [(h["end"], -1) for h in hooks],
+        key=lambda e: (e[0], e[1]),
+    )
+    running = peak = 0
+    for _, delta in edges:
+        running += delta
+        peak = max(peak, running)
+    assert peak <= limit
+    # Oldest first: when a job's hook starts, at most limit - 1 older jobs have not started
+    # theirs (they hold the other slots), and no job more than that many places younger has.
+    rank = {job_id: i for i, job_id in enumerate(oldest_first)}
+    started = [rank[h["job"]] for h in sorted(hooks, key=lambda h: h["start"])]
+    for position, r in enumerate(started):
+        older_after = sum(1 for later in started[position + 1 :] if later < r)
+        assert older_after <= limit - 1, started
+
+
+@pytest.mark.timeout(120)
+def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
+    connect, scope, storage_url, tmp_path, events  # type: ignore[no-untyped-def]
+) -> None:
+    jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
+    manager = jobs.manager(scope, "reload")
+    log = str(tmp_path / "steps.jsonl")
+    slow = [seed_job(storage_url, scope=scope, namespace="reload", status=cr.JobStatus.RUNNING,
+                     log=log, job_type=type_path(SlowResumeJob),
+                     steps=[(0, cr.StepStatus.SCHEDULED)], created=EPOCH + timedelta(seconds=n))
+            for n in range(3)]
+    finished = seed_job(storage_url, scope=scope, namespace="reload",
+                        status=cr.JobStatus.RUNNING, log=log,
+                        steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
+                        created=EPOCH + timedelta(seconds=3))
+
+    assert manager.rehydrate() == [*slow, finished]
+    # While the older jobs resume one at a time, the last one is finished by someone else.
+    async def complete(storage: Storage) -> None:
+        state = await storage.get_job(finished)
+        assert state is not None
+        await storage.save_job(state.with_status(cr.JobStatus.COMPLETED_SUCCESSFULLY))
+
+    in_storage(storage_url, complete)
+    assert not read(events_file(scope, "resumed")), "the first resume was not slow enough"
+
+    stats = wait_drained(scope, "reload")
+    assert stats["drained"] == slow
+    for job_id in slow:
+        assert manager.wait(job_id, timeout=60).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert get_job(storage_url, finished).status is cr.JobStatus.COMPLETED_SUCCESSFULLY  # type: ignore[union-attr]
+    assert ran(log, finished) == {}
+    with pytest.raises(ValueError):
+        ray.get_actor(f"job/{finished}", namespace=RAY_NAMESPACE)
+
+
+# -- actors lost inside a live cluster ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_killed_manager_comes_back_and_continues_its_drain(
+    connect, scope, storage_url, tmp_path, events  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 5, item 4: a killed manager is restarted by Ray and carries on with the jobs its
+    drain had not resumed yet, without another `rehydrate()` (reconciliation is off here)."""
+    jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
+    manager = jobs.manager(scope, "killed")
+    log = str(tmp_path / "steps.jsonl")
+    ids = [seed_job(storage_url, scope=scope, namespace="killed", status=cr.JobStatus.RUNNING,
+                    log=log, job_type=type_path(SlowResumeJob),
+                    steps=[(0, cr.StepStatus.SCHEDULED)], created=EPOCH + timedelta(seconds=n))
+           for n in range(6)]
+
+    assert manager.rehydrate() == ids
+    wait_until(lambda: read(events_file(scope, "resumed")), 60, "the first job to resume")
+    actor = ray.get_actor(manager_name(scope, "killed"), namespace=RAY_NAMESPACE)
+    ray.kill(actor, no_restart=False)
+
+    def statuses() -> list[str]:
+        return [str(get_job(storage_url, job_id).status) for job_id in ids]  # type: ignore[union-attr]
+
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline and set(statuses()) != {cr.JobStatus.COMPLETED_SUCCESSFULLY}:
+        time.sleep(0.2)
+    resumed = [h["job"] for h in read(events_file(scope, "resumed"))]
+    assert statuses() == [cr.JobStatus.COMPLETED_SUCCESSFULLY] * len(ids), (
+        f"statuses oldest first: {statuses()}; resumed: {[ids.index(j) for j in resumed]}"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_killed_job_actor_restarts_and_adopts_its_running_steps(
+    connect, scope, storage_url, tmp_path, events  # type: ignore[no-untyped-def]
+) -> None:
+    """A job actor killed mid-job is restarted by Ray and resumes from storage; the steps still
+    running on their hosts are adopted, not started twice, and duplicate rehydration passes
+    change nothing."""
+    jobs = connect(reconciliation_interval=0)
+    manager = jobs.manager(scope, "actor")
+    log = str(tmp_path / "steps.jsonl")
+    job = manager.start(RecordedJob, {"log": log, "steps": 6, "sleep": 2.0})
+    wait_until(lambda: len([r for r in read(log) if r["event"] == "start"]) == 6, 30,
+               "every step to start")
+    ray.kill(ray.get_actor(f"job/{job.job_id}", namespace=RAY_NAMESPACE), no_restart=False)
+    manager.rehydrate()
+    manager.rehydrate()
+
+    state = manager.wait(job.job_id, timeout=60)
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 6
+    starts = Counter(r["step"] for r in read(log) if r["event"] == "start")
+    assert starts == {f"{i:06d}": 1 for i in range(6)}
+
+
+# -- a failing key provider is retried alone, with backoff -----------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_failing_key_provider_is_retried_with_backoff_while_the_catalog_keys_recover(
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
+) -> None:
+    log = str(tmp_path / "steps.jsonl")
+    # A key of the durable catalog, and a key only the provider knows, each with a job left
+    # running by a dead cluster.
+    in_storage(
+        storage_url,
+        lambda s: s.add_manager_key(cr.JobsManagerKey(scope=scope, namespace="catalog")),
+    )
+    known = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="catalog",
+        status=cr.JobStatus.RUNNING,
+        log=log,
+        steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
+    )
+    provided = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="provided",
+        status=cr.JobStatus.RUNNING,
+        log=log,
+        steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
+    )
+    token = scope
+    (events_dir() / f"{token}.json").write_text(f'{{"fail": 2, "keys": [["{scope}", "provided"]]}}')
+
+    # Registering the storage with the recovery actor runs a pass.
+    jobs = connect(reconciliation_interval=0, keys_providers=(flaky_keys_path(token),))
+
+    catalog = jobs.manager(scope, "catalog")
+    state = catalog.wait(known, timeout=60)
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 2
+    state = jobs.manager(scope, "provided").wait(provided, timeout=60)
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 2
+
+    calls = [c["at"] for c in read(events_dir() / f"{token}.calls.jsonl")]
+    assert len(calls) == 3, calls  # failed, failed, then answered: never asked again
+    # Retried after 1 s, then after 2 s.
+    assert 0.9 <= calls[1] - calls[0] <= 1.9, calls
+    assert 1.9 <= calls[2] - calls[1] <= 3.4, calls
+    starts = {r["job"]: r["at"] for r in reversed(read(log)) if r["event"] == "start"}
+    # The catalog's job did not wait for the provider; the provided one resumed once it answered.
+    assert starts[known] < calls[2]
+    assert starts[provided] > calls[2]
+    assert ran(log, known) == {"000000": 1, "000001": 1}
+    assert ran(log, provided) == {"000000": 1, "000001": 1}
