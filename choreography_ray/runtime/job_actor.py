@@ -176,13 +176,13 @@ class JobCore:
             if not all(isinstance(s, StepSpec) for s in specs):
                 raise TypeError("prepare_steps must return steps made by create_step")
         except Exception as error:
-            await self._set_status(JobStatus.FAILED, _describe(error), error=_describe(error))
+            await self._fail(error)
             return StartJobError.COULD_NOT_PREPARE_STEPS
         try:
             await self._persist_plan(specs)
         except Exception as error:
             log.exception("job %s: could not persist its plan", self.job_id)
-            await self._set_status(JobStatus.FAILED, _describe(error), error=_describe(error))
+            await self._fail(error)
             return StartJobError.COULD_NOT_PERSIST
         await self._set_status(JobStatus.STARTING_STEPS)
         self.halted = False
@@ -342,11 +342,18 @@ class JobCore:
             if progress.has_failures
             else JobStatus.COMPLETED_SUCCESSFULLY
         )
-        await self._set_status(status)
         try:
             await self.job.on_completed()
         except Exception as error:
-            await self._set_status(JobStatus.FAILED, _describe(error), error=_describe(error))
+            await self._fail(error)
+            return
+        await self._set_status(status)
+        self._request_exit()
+
+    async def _fail(self, error: BaseException) -> None:
+        """A job hook threw: the job is FAILED with the message, and its actor exits."""
+        self.halted = True
+        await self._set_status(JobStatus.FAILED, _describe(error), error=_describe(error))
         self._request_exit()
 
     # -- the window ---------------------------------------------------------------------------
@@ -354,7 +361,10 @@ class JobCore:
     @property
     def window(self) -> float:
         assert self.job is not None
-        size = window_size(self.job.max_active_steps or self.options.max_active_steps_per_job)
+        configured = self.job.max_active_steps
+        if configured is None:
+            configured = self.options.max_active_steps_per_job
+        size = window_size(configured)
         return math.inf if size is None else size
 
     def _kick(self) -> None:

@@ -26,6 +26,7 @@ FAST = {
 def ray_cluster() -> Iterator[None]:
     if not ray.is_initialized():
         ray.init(
+            address="local",
             num_cpus=2,
             namespace="choreography-tests",
             include_dashboard=False,

