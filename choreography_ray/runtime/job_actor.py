@@ -30,7 +30,7 @@ from choreography_ray.errors import (
     StopJobError,
 )
 from choreography_ray.job import Job, StepSpec
-from choreography_ray.model import JobState, StepState, utcnow
+from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions, window_size
 from choreography_ray.runtime import leases
 from choreography_ray.runtime.hosts import HostPool
@@ -41,7 +41,7 @@ from choreography_ray.runtime.stages import UNFINISHED, Stages
 from choreography_ray.runtime.watchdog import HookBackoff, run_watchdog
 from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
 from choreography_ray.step import JobStep
-from choreography_ray.storage import CountedKind, StepUpdate
+from choreography_ray.storage import CountedKind, PlannedStep, StepUpdate
 from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
@@ -194,34 +194,18 @@ class JobCore:
 
     async def _persist_plan(self, specs: list[StepSpec]) -> None:
         width = max(6, len(str(len(specs))))
-        now = utcnow()
-        records: list[StepState] = []
+        records: list[PlannedStep] = []
         totals: dict[int, int] = {}
         for index, spec in enumerate(specs):
             step_id = f"{index:0{width}d}"
             request = spec.request.model_dump(mode="json")
-            records.append(
-                StepState.model_construct(
-                    job_id=self.job_id,
-                    step_id=step_id,
-                    type=spec.step_type,
-                    stage=spec.stage,
-                    status=StepStatus.SCHEDULED,
-                    attempt=0,
-                    lease=None,
-                    is_prepared=True,
-                    request=request,
-                    status_changes=(),
-                    updated=now,
-                    schema_version=1,
-                )
-            )
+            records.append(PlannedStep(step_id, spec.step_type, spec.stage, request))
             self.plan.setdefault(spec.stage, []).append(
                 StepStart(step_id, spec.step_type, spec.stage, 1, request)
             )
             totals[spec.stage] = totals.get(spec.stage, 0) + 1
         for offset in range(0, len(records), 50_000):
-            await self.storage.insert_steps(records[offset : offset + 50_000])
+            await self.storage.insert_plan(self.job_id, records[offset : offset + 50_000])
         self.stages = Stages.from_totals(totals)
         assert self.state is not None
         self.state = self.state.model_copy(

@@ -29,9 +29,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from choreography_ray.model import JobsManagerKey, JobState, Lease, StatusChange, StepState
+from choreography_ray.model import (
+    JobsManagerKey,
+    JobState,
+    Lease,
+    StatusChange,
+    StepState,
+    utcnow,
+)
 from choreography_ray.status import JobStatus, StepStatus
 
 
@@ -55,6 +62,31 @@ class StepUpdate:
     attempt: int
     lease: Lease | None = None
     change: StatusChange | None = None
+
+
+class PlannedStep(NamedTuple):
+    """One step of a plan as `insert_plan` takes it: SCHEDULED, attempt 0, no lease yet."""
+
+    step_id: str
+    type: str
+    stage: int
+    request: dict[str, Any]
+
+
+def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState]:
+    """The step records of a plan, for providers without a faster path."""
+    now = utcnow()
+    return [
+        StepState(
+            job_id=job_id,
+            step_id=s.step_id,
+            type=s.type,
+            stage=s.stage,
+            request=s.request,
+            updated=now,
+        )
+        for s in steps
+    ]
 
 
 #: Counts of a job's stored steps by (stage, status).
@@ -92,7 +124,11 @@ class Storage(Protocol):
 
     # steps
     async def insert_steps(self, steps: Sequence[StepState]) -> None:
-        """Bulk insert of a plan, all or nothing."""
+        """Bulk insert of step records, all or nothing."""
+
+    async def insert_plan(self, job_id: str, steps: Sequence[PlannedStep]) -> None:
+        """Bulk insert of a job's plan, all or nothing: the hot path's insert, which builds no
+        record objects where the provider can avoid it."""
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None: ...
 
@@ -171,9 +207,11 @@ def redact_url(url: str) -> str:
 
 __all__ = [
     "CountedKind",
+    "PlannedStep",
     "StatusCounts",
     "StepUpdate",
     "Storage",
     "open_storage",
+    "planned_records",
     "redact_url",
 ]

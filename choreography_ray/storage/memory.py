@@ -14,7 +14,13 @@ from typing import TypeVar
 from choreography_ray.errors import ConcurrencyError, CorruptRecordError, DuplicateRecordError
 from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
+from choreography_ray.storage import (
+    CountedKind,
+    PlannedStep,
+    StatusCounts,
+    StepUpdate,
+    planned_records,
+)
 
 
 class MemoryStorage:
@@ -86,6 +92,9 @@ class MemoryStorage:
         for step in steps:
             self.steps.setdefault(step.job_id, {})[step.step_id] = step
             self._sorted_ids.pop(step.job_id, None)
+
+    async def insert_plan(self, job_id: str, steps: Sequence[PlannedStep]) -> None:
+        await self.insert_steps(planned_records(job_id, steps))
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         step = self.steps.get(job_id, {}).get(step_id)

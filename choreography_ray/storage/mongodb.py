@@ -61,7 +61,14 @@ from choreography_ray.errors import (
 )
 from choreography_ray.model import JobsManagerKey, JobState, StepState, step_key, utcnow
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate, redact_url
+from choreography_ray.storage import (
+    CountedKind,
+    PlannedStep,
+    StatusCounts,
+    StepUpdate,
+    planned_records,
+    redact_url,
+)
 
 #: Driver options and defaults, in milliseconds. Server selection bounds how long an unreachable
 #: database takes to fail. The connect timeout is also the read timeout of the driver's heartbeat
@@ -248,6 +255,9 @@ class MongoStorage:
                 raise
 
         await self._run(insert)
+
+    async def insert_plan(self, job_id: str, steps: Sequence[PlannedStep]) -> None:
+        await self.insert_steps(planned_records(job_id, steps))
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         doc = await self._run(lambda db: db.job_steps.find_one({"_id": step_key(job_id, step_id)}))

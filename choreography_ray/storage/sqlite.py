@@ -58,9 +58,16 @@ from choreography_ray.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
+from choreography_ray.model import (
+    SCHEMA_VERSION,
+    JobsManagerKey,
+    JobState,
+    StepState,
+    step_key,
+    utcnow,
+)
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
+from choreography_ray.storage import CountedKind, PlannedStep, StatusCounts, StepUpdate
 
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
@@ -173,6 +180,10 @@ class SqliteStorage:
     async def insert_steps(self, steps: Sequence[StepState]) -> None:
         if steps:
             await self._write(lambda c: _insert_steps(c, steps))
+
+    async def insert_plan(self, job_id: str, steps: Sequence[PlannedStep]) -> None:
+        if steps:
+            await self._write(lambda c: _insert_plan(c, job_id, steps))
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         rows = await self._query(
@@ -395,31 +406,56 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
         connection.executemany(f"INSERT INTO job_steps VALUES ({marks})", rows)
     except sqlite3.IntegrityError:
         connection.execute("ROLLBACK TO plan")
+        duplicate = _duplicate(connection, [(s.job_id, s.step_id) for s in steps])
+        raise DuplicateRecordError(f"step {duplicate!r} exists already") from None
+
+
+def _insert_plan(connection: sqlite3.Connection, job_id: str, steps: Sequence[PlannedStep]) -> None:
+    now: str = json.loads(to_json(utcnow()))
+    scheduled = StepStatus.SCHEDULED.value
+    requests = [to_json(s.request).decode() for s in steps]
+    rows = [
+        (job_id, s.step_id, s.type, s.stage, scheduled, 0, None, 1, r, "[]", now, SCHEMA_VERSION)
+        for s, r in zip(steps, requests, strict=True)
+    ]
+    marks = ", ".join("?" * len(_STEP_COLUMNS))
+    connection.execute("SAVEPOINT plan")
+    try:
+        connection.executemany(f"INSERT INTO job_steps VALUES ({marks})", rows)
+    except sqlite3.IntegrityError:
+        connection.execute("ROLLBACK TO plan")
+        keys = [(job_id, s.step_id) for s in steps]
         raise DuplicateRecordError(
-            f"step {_duplicate(connection, steps)!r} exists already"
+            f"step {_duplicate(connection, keys)!r} exists already"
         ) from None
 
 
-def _duplicate(connection: sqlite3.Connection, steps: Sequence[StepState]) -> str:
+def _duplicate(connection: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> str:
     """The first step of a refused batch that is stored already or repeated (the error path)."""
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     sql = "SELECT 1 FROM job_steps WHERE job_id = ? AND step_id = ?"
-    for step in steps:
-        if step.key in seen or connection.execute(sql, (step.job_id, step.step_id)).fetchone():
-            return step.key
-        seen.add(step.key)
+    for key in keys:
+        if key in seen or connection.execute(sql, key).fetchone():
+            return step_key(*key)
+        seen.add(key)
     return "?"
 
 
 def _update_rows(updates: Sequence[StepUpdate]) -> list[tuple[Any, ...]]:
     now = utcnow().isoformat()
+    # A batch shares its lease and status-change objects: each is serialized once.
+    texts: dict[int, str | None] = {id(None): None}
+
+    def text(value: object) -> str | None:
+        key = id(value)
+        if key not in texts:
+            texts[key] = to_json(value).decode()
+        return texts[key]
+
     return [
-        (
-            u.status, u.attempt, None if u.lease is None else to_json(u.lease).decode(), now,
-            None if u.change is None else to_json(u.change).decode(), u.job_id, u.step_id,
-        )
+        (u.status.value, u.attempt, text(u.lease), now, text(u.change), u.job_id, u.step_id)
         for u in updates
-    ]  # fmt: skip
+    ]
 
 
 def _add_counted(

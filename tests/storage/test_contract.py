@@ -36,6 +36,7 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    PlannedStep,
     StepUpdate,
     Storage,
     open_storage,
@@ -182,6 +183,25 @@ async def test_insert_steps__one_duplicate_writes_nothing(storage: Storage) -> N
     with pytest.raises(DuplicateRecordError, match="s7"):
         await storage.insert_steps([step("j1", "s6"), step("j1", "s7"), step("j1", "s7")])
     assert [s.step_id for s in await storage.list_steps("j1")] == ["s5"]
+
+
+async def test_insert_plan__scheduled_records_and_one_duplicate_writes_nothing(
+    storage: Storage,
+) -> None:
+    plan = [PlannedStep(f"s{i}", "pkg.mod:Step", stage=i % 2 * 10, request={"n": i})
+            for i in range(4)]  # fmt: skip
+    await storage.insert_plan("j1", plan)
+
+    stored = await storage.list_steps("j1")
+    assert [(s.step_id, s.type, s.stage, s.request) for s in stored] == [
+        (p.step_id, p.type, p.stage, p.request) for p in plan
+    ]
+    assert {(s.status, s.attempt, s.lease, s.status_changes) for s in stored} == {
+        (StepStatus.SCHEDULED, 0, None, ())
+    }
+    with pytest.raises(DuplicateRecordError, match="s3"):
+        await storage.insert_plan("j1", [PlannedStep("s9", "pkg.mod:Step", 0, {}), plan[3]])
+    assert len(await storage.list_steps("j1")) == 4
 
 
 async def test_list_steps__pages_by_after_and_limit(storage: Storage) -> None:
