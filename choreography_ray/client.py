@@ -51,6 +51,17 @@ def default_storage_url() -> str:
     return f"sqlite:///{base / 'choreography-ray' / 'jobs.db'}"
 
 
+def resolve_storage_url(url: str | None) -> str:
+    """The storage URL the actors get: the default when none is given, and a relative SQLite
+    path made absolute against this process's working directory (Ray workers run elsewhere)."""
+    url = url or default_storage_url()
+    prefix = "sqlite:///"
+    if url.startswith(prefix):
+        path = Path(url[len(prefix) :]).expanduser()
+        return f"{prefix}{path if path.is_absolute() else path.resolve()}"
+    return url
+
+
 @dataclass(frozen=True, slots=True)
 class StartedJob:
     job_id: str
@@ -187,7 +198,7 @@ class Jobs:
                 configure_logging=True,
             )
             owns_ray = True
-        jobs = cls(storage or default_storage_url(), options or JobsOptions(), namespace, owns_ray)
+        jobs = cls(resolve_storage_url(storage), options or JobsOptions(), namespace, owns_ray)
         # The recovery actor rehydrates this storage's interrupted jobs now, and after node loss.
         ensure_recovery(jobs.storage, jobs.options, namespace)
         return jobs

@@ -7,19 +7,38 @@ Nothing read from storage runs code but the import of a type the path names; wit
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 
 from choreography_ray.errors import TypeImportError
 
 
 def type_path(cls: type) -> str:
+    """`"pkg.module:ClassName"`. A type defined in the script being run (`__main__`) is named
+    by the script's module name, so actors can import it (guard the script's driver code with
+    `if __name__ == "__main__":`)."""
     if "<locals>" in cls.__qualname__:
         raise TypeImportError(
             f"{cls.__qualname__} is defined inside a function; job and step types must be "
             "importable by path (define them at module level)"
         )
-    return f"{cls.__module__}:{cls.__qualname__}"
+    module = cls.__module__
+    if module == "__main__":
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        script = getattr(main, "__file__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        elif script:
+            module = Path(script).stem
+        else:
+            raise TypeImportError(
+                f"{cls.__qualname__} is defined in an interactive session; define job and step "
+                "types in a module"
+            )
+    return f"{module}:{cls.__qualname__}"
 
 
 def import_type(path: str, allowed_prefixes: Sequence[str] | None = None) -> type:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from choreography_ray.client import default_storage_url
+from choreography_ray.client import resolve_storage_url
 from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import open_storage
@@ -67,16 +66,8 @@ AddressOption = Annotated[
 
 
 def resolve_storage(url: str | None) -> str:
-    """The storage URL the actors get: the default when none is given, and a relative SQLite
-    path made absolute against this command's working directory (Ray workers run elsewhere)."""
-    url = url or default_storage_url()
-    prefix = "sqlite:///"
-    if url.startswith(prefix):
-        path = Path(url[len(prefix) :]).expanduser()
-        if not path.is_absolute():
-            return f"{prefix}{path.resolve()}"
-        return f"{prefix}{path}"
-    return url
+    """The storage URL the actors get (see `resolve_storage_url`)."""
+    return resolve_storage_url(url)
 
 
 def check_storage(url: str) -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 import choreography_ray as cr
-from tests.runtime.rehydration_jobs import read
+from tests.runtime.rehydration_jobs import events_dir, read
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,8 @@ from ray.cluster_utils import Cluster
 import choreography_ray as cr
 from tests.runtime.rehydration_jobs import RecordedJob, RecordedRequest, read
 
-storage, log, lease, deadline = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+storage, log, scope = sys.argv[1], sys.argv[2], sys.argv[3]
+lease, deadline = float(sys.argv[4]), int(sys.argv[5])
 STEPS = 24
 
 
@@ -61,7 +63,7 @@ try:
     # so they live there: Ray may place a new actor that needs no CPU on any node. The worker
     # then joins and gets a step host of its own (one per CPU of each node); the job finds it
     # at its next watchdog tick.
-    manager = jobs.manager("cluster", "node-loss")
+    manager = jobs.manager(scope, "node-loss")
     job = manager.start(RecordedJob, RecordedRequest(log=log, steps=STEPS, sleep=1.5))
     worker = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
@@ -138,7 +140,12 @@ def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
     Leases off: the job learns of the dead step host from Ray's error and restarts them."""
     storage = f"sqlite:///{tmp_path / 'jobs.db'}"
     log = tmp_path / "steps.jsonl"
-    result = run_scenario(NODE_LOSS, storage, str(log), str(lease), timeout=180)
+    scope = f"cluster-{uuid.uuid4().hex[:8]}"
+    try:
+        result = run_scenario(NODE_LOSS, storage, str(log), scope, str(lease), timeout=180)
+    finally:
+        for path in events_dir().glob(f"{scope}*"):
+            path.unlink(missing_ok=True)
 
     steps, head, worker = result["steps"], result["head"], result["worker"]
     # The scenario's premise: the job's own actor lives on the head; only steps are lost.
@@ -150,35 +157,38 @@ def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
     assert progress["failed_steps"] == progress["stopped_steps"] == 0
 
     runs = read(log)
+    starts: dict[str, list[dict[str, Any]]] = defaultdict(list)
     ends: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
-        if r["event"] == "end":
-            ends[r["step"]].append(r)
+        (starts if r["event"] == "start" else ends)[r["step"]].append(r)
     assert set(ends) == {f"{i:06d}" for i in range(steps)}
     assert {r["node"] for r in runs} == {head, worker}  # both nodes ran steps
     # The steps in flight on the removed node never ended there; each ran again on the
     # surviving node, after the removal.
-    lost = result["lost"]
-    assert lost
-    for step_id in lost:
-        assert not [r for r in ends[step_id] if r["node"] == worker], step_id
-        on_worker = min(
-            r["at"]
-            for r in runs
-            if r["step"] == step_id and r["event"] == "start" and r["node"] == worker
-        )
+    cut_short = {
+        step_id
+        for step_id, started in starts.items()
+        if any(r["node"] == worker for r in started)
+        and not any(r["node"] == worker for r in ends[step_id])
+    }
+    assert set(result["lost"]) <= cut_short
+    assert cut_short
+    for step_id in cut_short:
+        on_worker = max(r["at"] for r in starts[step_id] if r["node"] == worker)
         again = [
-            r["at"]
-            for r in runs
-            if r["step"] == step_id
-            and r["event"] == "start"
-            and r["node"] == head
-            and r["at"] > result["removed_at"]
+            r["at"] for r in starts[step_id] if r["node"] == head and r["at"] > result["removed_at"]
         ]
         assert again, step_id
         assert [r for r in ends[step_id] if r["node"] == head], step_id
         if lease:
             # Not before its lease expired: its heartbeat is no older than its start there.
             assert min(again) - on_worker >= lease - 0.05, (step_id, on_worker, again)
+    # Only steps that ran on the removed node ran twice: the surviving node's steps were
+    # never started again (not by the job, nor by the recovery pass for the dead node).
+    on_worker_at_all = {
+        s for s, started in starts.items() if any(r["node"] == worker for r in started)
+    }
+    twice = {s for s, started in starts.items() if len(started) > 1}
+    assert twice <= on_worker_at_all, twice - on_worker_at_all
     # Ray reported the node dead, and the recovery actor ran a pass for it.
     assert result["passes"] >= 1

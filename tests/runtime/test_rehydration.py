@@ -547,7 +547,7 @@ def test_killed_manager_comes_back_and_continues_its_drain(
     def statuses() -> list[str]:
         return [str(get_job(storage_url, job_id).status) for job_id in ids]  # type: ignore[union-attr]
 
-    deadline = time.monotonic() + 45
+    deadline = time.monotonic() + 25
     while time.monotonic() < deadline and set(statuses()) != {cr.JobStatus.COMPLETED_SUCCESSFULLY}:
         time.sleep(0.2)
     resumed = [h["job"] for h in read(events_file(scope, "resumed"))]
