@@ -41,6 +41,7 @@ import choreography_ray as cr
 from benchmarks import systems
 from benchmarks.results import BareTasksRun, BenchReport, DurableRun, Memory
 from benchmarks.rss import Peak, RssSampler, total_memory
+from benchmarks.systems import STALL_SECONDS
 from benchmarks.workloads import BenchRequest
 from choreography_ray.storage import redact_url
 
@@ -81,6 +82,9 @@ class BenchConfig:
     latency_runs: int = 0
     #: Seconds any one job may take before the run fails.
     timeout: float = 6 * 3600
+    #: Seconds without a change of a job's status or progress after which it is reported as
+    #: stalled and the run goes on.
+    stall_seconds: float = STALL_SECONDS
 
     def options(self) -> cr.JobsOptions:
         return cr.JobsOptions(
@@ -164,7 +168,7 @@ class _Session:
     def durable(self, repeat: int, steps: int, url: str) -> None:
         self.log(f"durable job: {steps:,} steps on {redact_url(url)}")
         with self.sampler.measure() as peak:
-            seconds, state = self.connections[url].run_job(
+            seconds, status, state = self.connections[url].run_job(
                 self.config.request(steps), self.config.timeout
             )
         run = DurableRun(
@@ -172,7 +176,7 @@ class _Session:
             steps=steps,
             storage=redact_url(url),
             seconds=seconds,
-            status=str(state.status),
+            status=status,
             successful_steps=state.progress.successful_steps,
             failed_steps=state.progress.failed_steps,
         )
@@ -215,6 +219,24 @@ class _Session:
         for phase in phases:
             phase()
 
+    def resumes(self) -> None:
+        for repeat in range(self.config.repeat):
+            for steps in self.config.steps:
+                for url, connection in self.connections.items():
+                    self.log(f"job actor killed halfway: {steps:,} steps on {redact_url(url)}")
+                    with self.sampler.measure() as peak:
+                        run = systems.resume_halfway(
+                            connection, repeat, self.config.request(steps), self.config.timeout
+                        )
+                    _with_memory(run, peak)
+                    self.report.resume_halfway.append(run)
+
+    def latencies(self) -> None:
+        runs = self.config.latency_runs
+        for url, connection in self.connections.items():
+            self.log(f"latency of a 1-step job: {runs} runs on {redact_url(url)}")
+            self.report.latency.append(systems.latency(connection, runs, self.config.timeout))
+
     def warm_up(self) -> None:
         self.log("warming up (untimed): Ray workers, step hosts, storage connections")
         systems.bare_tasks(min(1_000, max(self.config.steps)))
@@ -245,7 +267,7 @@ def run(config: BenchConfig, log: Log = print) -> BenchReport:
     """Runs every round and scenario `config` asks for and returns what was measured."""
     scratch = tempfile.mkdtemp(prefix="choreography-bench-")
     urls = config.storages or (f"sqlite:///{Path(scratch) / 'bench.db'}",)
-    report = BenchReport(machine=machine(), config={**asdict(config), "storages": []})
+    report = BenchReport(machine=machine(), config=asdict(config))
     report.config["storages"] = [redact_url(url) for url in urls]
     report.config["lease_seconds"] = LEASE_SECONDS if config.leases else 0
     sampler = RssSampler()
@@ -253,10 +275,16 @@ def run(config: BenchConfig, log: Log = print) -> BenchReport:
         with local_ray():
             sampler.start()
             options = config.options()
-            connections = {
-                url: systems.Connection.open(url, options, RAY_NAMESPACE, f"storage-{i}")
+            opened = [
+                systems.Connection.open(
+                    url, options, RAY_NAMESPACE, f"storage-{i}", config.stall_seconds
+                )
                 for i, url in enumerate(urls)
-            }
+            ]
+            # Keyed by the URL as resolved by `Jobs.connect` (relative SQLite paths made
+            # absolute), so that the storage ceiling writes the same database as the job.
+            connections = {connection.storage: connection for connection in opened}
+            report.config["storages"] = [redact_url(url) for url in connections]
             session = _Session(config, sampler, connections, report, log)
             session.warm_up()
             if config.compare:
@@ -265,24 +293,10 @@ def run(config: BenchConfig, log: Log = print) -> BenchReport:
                         log(f"round {repeat + 1} of {config.repeat}")
                     session.round(repeat)
                 attach_baselines(report)
-            for repeat in range(config.repeat if config.resume_halfway else 0):
-                for steps in config.steps:
-                    for url, connection in connections.items():
-                        log(f"resume after the job actor is killed: {steps:,} steps on "
-                            f"{redact_url(url)}")  # fmt: skip
-                        with sampler.measure() as peak:
-                            resumed = systems.resume_halfway(
-                                connection, repeat, config.request(steps), config.timeout
-                            )
-                        _with_memory(resumed, peak)
-                        report.resume_halfway.append(resumed)
+            if config.resume_halfway:
+                session.resumes()
             if config.latency_runs > 0:
-                for url, connection in connections.items():
-                    log(f"latency of a 1-step job: {config.latency_runs} runs on "
-                        f"{redact_url(url)}")  # fmt: skip
-                    report.latency.append(
-                        systems.latency(connection, config.latency_runs, config.timeout)
-                    )
+                session.latencies()
     finally:
         sampler.stop()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -36,6 +36,9 @@ from choreography_ray.types import type_path
 
 #: Seconds between two polls of a job's record.
 POLL_SECONDS = 0.01
+#: Seconds without a change of status or progress after which a job counts as stalled: five
+#: watchdog intervals (60 s by default).
+STALL_SECONDS = 300.0
 #: Steps per `insert_steps` call when a job stores its plan (as `runtime/job_actor.py` does).
 PLAN_BATCH = 50_000
 #: Updates and deletes per bulk write: a step host's start batch and group commit.
@@ -50,13 +53,22 @@ class Connection:
     manager: cr.JobsManager
     #: The manager's actor handle, for `status` polls that do not back off.
     handle: Any
+    #: Seconds without a change after which a job counts as stalled.
+    stall: float = STALL_SECONDS
 
     @classmethod
-    def open(cls, storage: str, options: cr.JobsOptions, namespace: str, key: str) -> Connection:
+    def open(
+        cls,
+        storage: str,
+        options: cr.JobsOptions,
+        namespace: str,
+        key: str,
+        stall: float = STALL_SECONDS,
+    ) -> Connection:
         jobs = cr.Jobs.connect(storage=storage, options=options, namespace=namespace)
         manager = jobs.manager("bench", key)
         handle = ray.get_actor(manager_name("bench", key), namespace=namespace)
-        return cls(jobs, manager, handle)
+        return cls(jobs, manager, handle, stall)
 
     @property
     def storage(self) -> str:
@@ -69,22 +81,53 @@ class Connection:
     def poll(
         self, job_id: str, until: Callable[[cr.JobState], bool], timeout: float
     ) -> cr.JobState:
-        """The job's record once `until` holds, polled every `POLL_SECONDS`."""
+        """The job's record once `until` holds, polled every `POLL_SECONDS`. `JobStalled` when
+        neither its status nor its progress changed for `self.stall` seconds, `TimeoutError`
+        after `timeout` seconds."""
         deadline = time.monotonic() + timeout
+        seen: tuple[str, int] | None = None
+        changed = time.monotonic()
         while True:
             state = self.status(job_id)
             if until(state):
                 return state
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if (state.status, _counted(state)) != seen:
+                seen, changed = (state.status, _counted(state)), now
+            elif now - changed > self.stall:
+                raise JobStalled(state, now - changed)
+            if now > deadline:
                 raise TimeoutError(f"job {job_id} is still {state.status} after {timeout:g} s")
             time.sleep(POLL_SECONDS)
 
-    def run_job(self, request: BenchRequest, timeout: float) -> tuple[float, cr.JobState]:
-        """Seconds from `start` to a terminal status, and the final record."""
+    def run_job(self, request: BenchRequest, timeout: float) -> tuple[float, str, cr.JobState]:
+        """Seconds from `start` to a terminal status (or to the last change of a stalled job),
+        the status as reported (`status_of`), and the final record."""
         began = time.perf_counter()
         started = self.manager.start(BenchJob, request)
-        state = self.poll(started.job_id, _settled, timeout)
-        return time.perf_counter() - began, state
+        try:
+            state = self.poll(started.job_id, _settled, timeout)
+        except JobStalled as stalled:
+            seconds = time.perf_counter() - began - stalled.seconds
+            return seconds, status_of(stalled.state, stalled=True), stalled.state
+        return time.perf_counter() - began, status_of(state), state
+
+
+class JobStalled(Exception):
+    """A job whose status and progress stopped changing before it settled."""
+
+    def __init__(self, state: cr.JobState, seconds: float) -> None:
+        super().__init__(
+            f"job {state.id} stalled in {state.status} at {_counted(state):,} of "
+            f"{state.progress.total_steps:,} steps counted: no change for {seconds:.0f} s"
+        )
+        self.state = state
+        self.seconds = seconds
+
+
+def status_of(state: cr.JobState, stalled: bool = False) -> str:
+    """The stored status name, or "stalled in <status>"."""
+    return f"stalled in {state.status}" if stalled else str(state.status)
 
 
 def _settled(state: cr.JobState) -> bool:
@@ -290,9 +333,13 @@ def resume_halfway(
             ray.kill(actor, no_restart=False)
             killed_at = time.perf_counter()
     progress_at_kill = _counted(state) / steps
-    state = connection.poll(job_id, _settled, timeout=timeout)
-    ended = time.perf_counter()
-    starter.join(timeout=timeout)
+    stalled = False
+    try:
+        state = connection.poll(job_id, _settled, timeout=timeout)
+        ended = time.perf_counter()
+    except JobStalled as error:
+        state, stalled, ended = error.state, True, time.perf_counter() - error.seconds
+    starter.join(timeout=connection.stall)
     if killed_on is not None and state.status_changes[-1].occurred <= killed_on:
         killed_at = None  # the job had ended: its saved progress lagged behind
     counted = asyncio.run(_count_counted(connection, job_id))
@@ -305,7 +352,7 @@ def resume_halfway(
         start_returned_before_kill=start_returned,
         seconds_after_kill=None if killed_at is None else ended - killed_at,
         progress_at_kill=None if killed_at is None else progress_at_kill,
-        status=str(state.status),
+        status=status_of(state, stalled),
         successful_steps=state.progress.successful_steps,
         failed_steps=state.progress.failed_steps,
         counted_records=counted,
@@ -337,7 +384,10 @@ def latency(connection: Connection, runs: int, timeout: float) -> LatencyResult:
     polled: list[float] = []
     waited: list[float] = []
     for _ in range(runs):
-        polled.append(connection.run_job(request, timeout)[0])
+        seconds, status, _ = connection.run_job(request, timeout)
+        if status.startswith("stalled"):
+            raise RuntimeError(f"a 1-step job {status}")
+        polled.append(seconds)
         began = time.perf_counter()
         started = connection.manager.start(BenchJob, request)
         connection.manager.wait(started.job_id, timeout=timeout)

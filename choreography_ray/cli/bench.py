@@ -16,7 +16,13 @@ from typing import Annotated
 
 import typer
 
-from choreography_ray.cli._common import console, err_console, fail, resolve_storage
+from choreography_ray.cli._common import (
+    check_storage,
+    console,
+    err_console,
+    fail,
+    resolve_storage,
+)
 
 #: Where `benchmarks/` is in a source checkout: the directory that holds this package.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -115,9 +121,12 @@ def bench(
             highlight=False,
         )
         plot_file = None
+    storages = tuple(resolve_storage(url) for url in storage or ())
+    for url in storages:
+        check_storage(url)
     config = harness.BenchConfig(
         steps=tuple(steps or (10_000,)),
-        storages=tuple(resolve_storage(url) for url in storage or ()),
+        storages=storages,
         stages=stages,
         leases=leases,
         window=window,

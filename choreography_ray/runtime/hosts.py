@@ -4,7 +4,6 @@ by default (`JobsOptions.step_hosts_per_node`), and dedicated step actors."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 from typing import Any
 
 import ray
@@ -23,7 +22,8 @@ class HostPool:
         self._options = options
         self._namespace = namespace
         self.hosts: dict[str, Any] = {}
-        self._cycle: itertools.cycle[str] | None = None
+        self._names: list[str] = []
+        self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
 
     def refresh(self) -> None:
         """Creates (or finds) the hosts of every alive node; forgets those of dead nodes."""
@@ -39,13 +39,13 @@ class HostPool:
                     )
                 ).remote(*self._args)
         self.hosts = hosts
-        self._cycle = itertools.cycle(list(hosts))
+        self._names = list(hosts)
 
     def next(self) -> tuple[str, Any]:
-        if self._cycle is None:
+        if not self._names:
             self.refresh()
-        assert self._cycle is not None
-        name = next(self._cycle)
+        name = self._names[self._turn % len(self._names)]
+        self._turn += 1
         return name, self.hosts[name]
 
     def dedicated(self, job_id: str, step_id: str, options: dict[str, Any]) -> tuple[str, Any]:

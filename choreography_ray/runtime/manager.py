@@ -7,6 +7,7 @@ import asyncio
 import builtins
 import logging
 import uuid
+import warnings
 from typing import Any
 
 import ray
@@ -186,6 +187,12 @@ class JobsManagerActor:
         self, scope: str, namespace: str, storage_url: str, options_json: str, ray_namespace: str
     ) -> None:
         self.core = ManagerCore(scope, namespace, storage_url, options_json, ray_namespace)
+        with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
+            warnings.simplefilter("ignore")
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:
+            # A manager killed mid-drain comes back and drains again from storage.
+            self._restart_drain = asyncio.ensure_future(self.core.rehydrate())
 
     async def start(self, job_type: str, request: Any) -> tuple[str, StartJobError | None]:
         return await self.core.start(job_type, request)

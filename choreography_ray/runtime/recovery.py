@@ -159,7 +159,8 @@ class RecoveryCore:
                 await self.reconcile()
 
     async def reconcile(self) -> int:
-        """Rehydrates the keys that have a job stored as live whose job actor is gone."""
+        """Rehydrates the keys that have a job stored as live, or with an unfinished stop or
+        removal, whose job actor is gone."""
         orphaned = 0
         for tenant in list(self.tenants.values()):
             if tenant.options.reconciliation_seconds is None:
@@ -167,15 +168,15 @@ class RecoveryCore:
             for key in await tenant.keys(self._retry):
                 jobs = [
                     j
-                    for status in LIVE
+                    for status in (*LIVE, JobStatus.STOPPED, JobStatus.REMOVING)
                     for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)
+                    if not (j.status is JobStatus.STOPPED and j.stop_finalized)
                 ]
                 missing = [j for j in jobs if not _actor_exists(job_name(j.id), self.namespace)]
                 if missing:
                     orphaned += len(missing)
-                    with_error = tenant.manager(key).rehydrate.remote()
                     try:
-                        await with_error
+                        await tenant.manager(key).rehydrate.remote()
                     except Exception as error:
                         log.warning("reconciling %s failed: %s", key, error)
         return orphaned
