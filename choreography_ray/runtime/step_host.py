@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
+from pydantic import BaseModel
 
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.options import JobsOptions
@@ -127,12 +129,10 @@ class StepHostCore:
         key = (job_id, step.step_id)
         context = self.running[key][0]
         try:
-            step_type = import_type(step.type, options.allowed_type_prefixes)
-            if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
-                raise TypeError(f"{step.type} is not a JobStep")
-            request = step_type.request_type().model_validate(step.request)
+            step_type, request_type, is_async = _step_type(step.type, options.allowed_type_prefixes)
+            request = request_type.model_validate(step.request)
             perform = step_type().perform
-            if inspect.iscoroutinefunction(perform):
+            if is_async:
                 driver = SliceDriver(perform(request, context))
                 done, out = driver.step()
                 if done:
@@ -259,6 +259,17 @@ class StepHostCore:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_type(
+    path: str, allowed_prefixes: tuple[str, ...] | None
+) -> tuple[type[JobStep[Any]], type[BaseModel], bool]:
+    """A step type, its request model, and whether its `perform` is a coroutine function."""
+    step_type = import_type(path, allowed_prefixes)
+    if not issubclass(step_type, JobStep):
+        raise TypeError(f"{path} is not a JobStep")
+    return step_type, step_type.request_type(), inspect.iscoroutinefunction(step_type.perform)
 
 
 def _outcome(
