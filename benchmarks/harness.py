@@ -275,10 +275,10 @@ def run(config: BenchConfig, log: Log = print) -> BenchReport:
         with local_ray():
             sampler.start()
             options = config.options()
+            # A step's simulated work is time without progress too.
+            stall = config.stall_seconds + 2 * config.step_ms / 1000
             opened = [
-                systems.Connection.open(
-                    url, options, RAY_NAMESPACE, f"storage-{i}", config.stall_seconds
-                )
+                systems.Connection.open(url, options, RAY_NAMESPACE, f"storage-{i}", stall)
                 for i, url in enumerate(urls)
             ]
             # Keyed by the URL as resolved by `Jobs.connect` (relative SQLite paths made

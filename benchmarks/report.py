@@ -164,11 +164,11 @@ def series(report: BenchReport) -> dict[str, dict[int, float]]:
     """Seconds per step by number of steps for each system, the median over rounds."""
     times: defaultdict[str, defaultdict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for d in report.durable:
-        times[f"durable job ({d.storage})"][d.steps].append(d.seconds / d.steps)
+        times[f"durable job, {label(d.storage)}"][d.steps].append(d.seconds / d.steps)
     for b in report.bare_tasks:
         times["bare Ray tasks"][b.steps].append(b.seconds / b.steps)
     for c in report.storage_ceiling:
-        times[f"storage ceiling ({c.storage})"][c.steps].append(c.seconds / c.steps)
+        times[f"storage ceiling, {label(c.storage)}"][c.steps].append(c.seconds / c.steps)
     steps = sorted({b.steps for b in report.bare_tasks} | {d.steps for d in report.durable})
     for a in report.actors:
         for n in steps:

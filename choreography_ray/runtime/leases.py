@@ -17,9 +17,7 @@ from choreography_ray.model import Lease, utcnow
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import StepStatus
-from choreography_ray.storage import Storage
-
-PAGE = 5_000
+from choreography_ray.storage import Storage, step_pages
 
 
 async def expired(
@@ -38,11 +36,7 @@ async def expired(
     silos = job.get_active_silos()
     gone: dict[str, bool] = {}
     stale: list[StepStart] = []
-    after: str | None = None
-    while True:
-        page = await storage.list_steps(
-            job_id, statuses=(StepStatus.RUNNING,), stage=stage, after=after, limit=PAGE
-        )
+    async for page in step_pages(storage, job_id, statuses=(StepStatus.RUNNING,), stage=stage):
         for step in page:
             entry = active.get(step.step_id)
             if entry is None:
@@ -52,9 +46,7 @@ async def expired(
                     stale.append(entry[0])
             elif now - step.lease.heartbeat > timeout and owner_gone(step.lease, silos, gone):
                 stale.append(entry[0])
-        if len(page) < PAGE:
-            return stale
-        after = page[-1].step_id
+    return stale
 
 
 def owner_gone(lease: Lease, silos: set[str], cache: dict[str, bool]) -> bool:

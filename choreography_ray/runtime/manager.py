@@ -21,12 +21,10 @@ from choreography_ray.runtime.job_actor import JobActor
 from choreography_ray.runtime.names import actor_options, job_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import JobStatus
-from choreography_ray.storage import CountedKind
+from choreography_ray.storage import CountedKind, step_pages
 from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
-
-PAGE = 5_000
 
 
 class ManagerCore:
@@ -105,14 +103,7 @@ class ManagerCore:
 
     async def steps(self, job_id: str) -> builtins.list[StepState]:
         await self._owned(job_id)
-        steps: builtins.list[StepState] = []
-        after: str | None = None
-        while True:
-            page = await self.storage.list_steps(job_id, after=after, limit=PAGE)
-            steps += page
-            if len(page) < PAGE:
-                return steps
-            after = page[-1].step_id
+        return [step async for page in step_pages(self.storage, job_id) for step in page]
 
     async def operate(self, job_id: str, operation: str) -> Any:
         """stop, resume, remove or retry_failed_steps, on the job's actor (activated if need be)."""

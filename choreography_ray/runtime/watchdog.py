@@ -11,6 +11,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from choreography_ray.runtime import leases
+from choreography_ray.runtime.job_base import JobBase
+from choreography_ray.runtime.messages import Outcome
+from choreography_ray.runtime.retries import FAILED_STATUSES
+from choreography_ray.runtime.stages import UNFINISHED
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage import step_pages
+
 log = logging.getLogger(__name__)
 
 #: Ticks skipped between retries of a failed `on_before_resuming_job_steps`, by failure count.
@@ -50,3 +58,68 @@ async def run_watchdog(
         except Exception:
             log.exception("watchdog tick failed")
         await asyncio.sleep(interval)
+
+
+class WatchdogTick(JobBase):
+    """The watchdog part of a job activation (see `JobCore`)."""
+
+    async def watchdog_tick(self) -> None:
+        self.ticks += 1
+        state = self.state
+        if state is None or state.status is not JobStatus.RUNNING:
+            return
+        if self.hook_owed:
+            if not self.hook_backoff.should_try():
+                return
+            await self._run_resume_hook()
+            if self.hook_owed:
+                return
+        if self.halted:
+            return
+        counts = await self.storage.count_by_status(self.job_id)
+        await self._settle_lost_reports(counts)
+        self._retry_failed_starts()
+        if self.options.lease_seconds is not None:
+            self._requeue(
+                await leases.expired(
+                    self.storage, self.job, self.job_id, state.stage, self.active, self.options
+                )
+            )
+        if self.awaiting_admission is not None:
+            await self._begin_stage(self.awaiting_admission)
+        self.hosts.refresh()
+        self._kick()
+
+    async def _settle_lost_reports(self, counts: dict[tuple[int, StepStatus], int]) -> None:
+        """Active steps whose outcome storage holds but whose report never arrived."""
+        assert self.state is not None
+        stage = self.state.stage
+        stored_running = counts.get((stage, StepStatus.RUNNING), 0)
+        candidates = {sid: entry for sid, entry in self.active.items() if entry[1]}
+        if (
+            stored_running
+            >= len(candidates) - self._starts_in_flight * self.options.step_batch_size
+        ):
+            return
+        running = {
+            s.step_id
+            async for page in step_pages(
+                self.storage, self.job_id, statuses=UNFINISHED, stage=stage
+            )
+            for s in page
+        }
+        for step_id, (start, _host) in candidates.items():
+            if step_id in running or step_id not in self.active:
+                continue
+            stored = await self.storage.get_step(self.job_id, step_id)
+            if stored is None:
+                self.accept(Outcome(step_id, start.attempt, StepStatus.COMPLETED_SUCCESSFULLY))
+            elif stored.status in FAILED_STATUSES and stored.attempt == start.attempt:
+                messages = (
+                    stored.status_changes[-1].exception_messages if stored.status_changes else ()
+                )
+                self.accept(
+                    Outcome(
+                        step_id, start.attempt, stored.status, messages[0] if messages else None
+                    )
+                )

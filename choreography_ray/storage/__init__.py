@@ -27,7 +27,7 @@ Each provider's docstring says how it lays these out.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -174,6 +174,30 @@ class Storage(Protocol):
     async def close(self) -> None: ...
 
 
+#: Steps read per page by `step_pages`.
+PAGE = 5_000
+
+
+async def step_pages(
+    storage: Storage,
+    job_id: str,
+    *,
+    statuses: Collection[StepStatus] | None = None,
+    stage: int | None = None,
+) -> AsyncIterator[list[StepState]]:
+    """Every matching step of a job, a page at a time, in step-id order."""
+    after: str | None = None
+    while True:
+        page = await storage.list_steps(
+            job_id, statuses=statuses, stage=stage, after=after, limit=PAGE
+        )
+        if page:
+            yield page
+        if len(page) < PAGE:
+            return
+        after = page[-1].step_id
+
+
 def open_storage(url: str) -> Storage:
     """The provider for `url`; an unknown scheme is a `ValueError` naming the known ones."""
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -214,4 +238,5 @@ __all__ = [
     "open_storage",
     "planned_records",
     "redact_url",
+    "step_pages",
 ]
