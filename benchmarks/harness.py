@@ -27,6 +27,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -112,7 +113,23 @@ def machine() -> dict[str, Any]:
         "ray": ray.__version__,
         "choreography_ray": cr.__version__,
         "load_average_at_start": list(os.getloadavg()),
+        **_source(),
     }
+
+
+def _source() -> dict[str, Any]:
+    """The commit measured, and whether the checkout had changes on top of it."""
+
+    def git(*args: str) -> str:
+        completed = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
+        )
+        return completed.stdout.strip() if completed.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    return {"git_commit": commit, "git_dirty": bool(git("status", "--porcelain"))}
 
 
 @contextmanager

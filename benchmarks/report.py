@@ -142,7 +142,7 @@ def print_report(report: BenchReport, console: Console) -> None:
     if report.latency:
         console.print(latency_table(report))
     storages = report.config.get("storages", [])
-    console.print("storage: " + ", ".join(storages), highlight=False, soft_wrap=True)
+    console.print("storage: " + ", ".join(storages), highlight=False, markup=False, soft_wrap=True)
     machine = report.machine
     console.print(
         f"{machine['cpus']} CPUs, {machine['memory_bytes'] / 2**30:.1f} GiB, "
@@ -157,7 +157,11 @@ def write_json(report: BenchReport, path: Path) -> None:
 
 
 def can_plot() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    """Whether matplotlib (the `bench` extra) can be imported."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def series(report: BenchReport) -> dict[str, dict[int, float]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Annotated
 
 import typer
@@ -28,26 +27,21 @@ from choreography_ray.cli._common import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load() -> tuple[ModuleType, ModuleType]:
-    """`benchmarks.harness` and `benchmarks.report` from the source checkout; exits 2 when
-    there is none."""
+def _find_checkout() -> None:
+    """Puts the source checkout's root on `sys.path`, when this package sits in one."""
     if (REPO_ROOT / "benchmarks" / "harness.py").is_file() and str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
-    try:
-        from benchmarks import harness, report
-    except ImportError as error:
-        fail(
-            "`bench` runs from a source checkout of choreography-ray: it needs the "
-            f"repository's benchmarks/ package, looked for in {REPO_ROOT} ({error})"
-        )
-    return harness, report
 
 
 def bench(
     steps: Annotated[
         list[int] | None,
         typer.Option(
-            "--steps", min=1, help="Steps per job; repeat for several sizes.", show_default="10000"
+            "--steps",
+            min=1,
+            metavar="N",
+            help="Steps per job; repeat for several sizes.",
+            show_default="10000",
         ),
     ] = None,
     stages: Annotated[int, typer.Option(min=1, help="Stages the steps are spread over.")] = 1,
@@ -55,6 +49,7 @@ def bench(
         list[str] | None,
         typer.Option(
             "--storage",
+            metavar="URL",
             help="Storage URL (sqlite:///path.db, mongodb://host/db, memory://); repeatable.",
             show_default="an SQLite file in a temporary directory",
         ),
@@ -113,12 +108,22 @@ def bench(
 
     It starts its own local Ray. See docs/benchmarks.md for what each column means.
     """
-    harness, report_module = _load()
+    _find_checkout()
+    try:
+        from benchmarks import harness
+        from benchmarks import report as report_module
+    except ImportError as error:
+        fail(
+            "`bench` runs from a source checkout of choreography-ray: it needs the "
+            f"repository's benchmarks/ package, looked for in {REPO_ROOT} ({error})"
+        )
     if plot_file is not None and not report_module.can_plot():
         err_console.print(
             f"matplotlib is not installed, so --plot {plot_file} will be skipped: "
             "pip install 'choreography-ray[bench]'",
             highlight=False,
+            markup=False,
+            soft_wrap=True,
         )
         plot_file = None
     storages = tuple(resolve_storage(url) for url in storage or ())
@@ -140,16 +145,16 @@ def bench(
     )
 
     def log(message: str) -> None:
-        err_console.print(f"[dim]{message}[/dim]", highlight=False)
+        err_console.print(message, style="dim", highlight=False, markup=False)
 
     report = harness.run(config, log=log)
     report_module.print_report(report, console)
     if json_file is not None:
         report_module.write_json(report, json_file)
-        err_console.print(f"wrote {json_file}", highlight=False)
+        err_console.print(f"wrote {json_file}", highlight=False, markup=False)
     if plot_file is not None:
         report_module.plot(report, plot_file)
-        err_console.print(f"wrote {plot_file}", highlight=False)
+        err_console.print(f"wrote {plot_file}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -267,8 +267,10 @@ class JobCore(Window, Stopping, Resuming, WatchdogTick):
         await self.ready()
         for outcome in outcomes:
             self.accept(outcome)
-        if self.halted and not self.active:
-            await self._finish_stop_when_reported()
+        finished = not self.halted or self.active or await self._finish_stop_when_reported()
+        if not finished and self.state is not None and self.state.status is JobStatus.REMOVING:
+            # The step's next report runs the finish again (the timer also retries it).
+            raise RuntimeError(f"finishing the removal of job {self.job_id} failed; report again")
         self._kick()
 
     def accept(self, outcome: Outcome) -> bool:

@@ -94,6 +94,9 @@ class JobBase:
     async def _check_stage(self) -> None:
         raise NotImplementedError
 
+    async def _on_stage_done(self, stage: int) -> None:
+        raise NotImplementedError
+
     async def _stored_unfinished(self, stage: int) -> list[StepStart]:
         raise NotImplementedError
 
@@ -118,7 +121,7 @@ class JobBase:
     async def _run_resume_hook(self) -> None:
         raise NotImplementedError
 
-    async def _finish_stop_when_reported(self) -> None:
+    async def _finish_stop_when_reported(self) -> bool:
         raise NotImplementedError
 
     async def _tell_stop_again(self) -> None:

@@ -91,6 +91,9 @@ class Resuming(JobBase):
         )
         self.pending.clear()
         self.active.clear()
+        # Steps still running on a live host are this activation's again before the hook runs:
+        # their reports count, and a stop while the hook is owed reaches them.
+        await self._adopt_running(await self._stored_unfinished(state.stage))
         await self._set_status(JobStatus.RUNNING)
         self.halted = False
         await self._run_resume_hook()
@@ -125,16 +128,21 @@ class Resuming(JobBase):
             async for page in step_pages(self.storage, self.job_id, statuses=FAILED_STATUSES)
             for s in page
         ]
+        # Retrying a counted failure removes its entry along with its failed count: the counts
+        # change with the RUNNING save, and go back when it fails.
+        for start in failed:
+            self.stages[start.stage].failed -= 1
         try:
-            for start in failed:
-                # Retrying a counted failure removes its entry along with its failed count.
-                self.stages[start.stage].failed -= 1
-                self.counted.discard(start.step_id)
-                await self.storage.remove_counted(self.job_id, CountedKind.COMPLETED, start.step_id)
             self.state = state.model_copy(update={"records_counted_steps": True})
             await self._set_status(JobStatus.RUNNING)
         except Exception as error:
+            for start in failed:
+                self.stages[start.stage].failed += 1
+            self.state = state
             raise JobOperationError(RetryFailedStepsError.COULD_NOT_PERSIST, str(error)) from error
+        for start in failed:
+            self.counted.discard(start.step_id)
+            await self.storage.remove_counted(self.job_id, CountedKind.COMPLETED, start.step_id)
         self.exit_requested = False
         self.halted = False
         self.pending.extend(failed)

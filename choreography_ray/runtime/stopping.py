@@ -69,26 +69,36 @@ class Stopping(JobBase):
         are told again; steps of stages never started are left alone."""
         assert self.state is not None
         removing = self.state.status is JobStatus.REMOVING
+        stage = self.state.stage
         self.halted = True
-        await self._adopt_running(await self._stored_unfinished(self.state.stage))
+        # Progress from storage; a step of the stage with no outcome that runs nowhere has
+        # stopped, and one still running counts when it reports.
+        not_running = await self._adopt_running(await self._stored_unfinished(stage))
+        self.stages.recount(await self.storage.count_by_status(self.job_id))
+        if stage in self.stages.counters:
+            self.stages[stage].stopped = len(not_running)
+        new = [s.step_id for s in not_running if s.step_id not in self.stopped_counted]
+        self.stopped_counted.update(new)
+        self._new_stopped.extend(new)
+        self._dirty = True
         await self._tell_running(removing)
         await self._finish_stop_when_reported()
 
-    async def _finish_stop_when_reported(self) -> None:
+    async def _finish_stop_when_reported(self) -> bool:
+        """Finishes the stop once every step has reported; False when finishing failed."""
         state = self.state
         if state is None or self.active or self._finishing_stop:
-            return
+            return True
         if not (
             state.status is JobStatus.REMOVING
             or (state.status is JobStatus.STOPPED and not state.stop_finalized)
         ):
-            return
+            return True
         self._finishing_stop = True
         try:
-            await self._finish_stop()
+            return await self._finish_stop()
         finally:
             self._finishing_stop = False
-        self._in_first_wave = False
 
     async def _finish_stop(self, retry_delay: float = REMOVE_RETRY_FIRST) -> bool:
         """`on_stopped` once every step has reported; a removal then clears the job. A failed

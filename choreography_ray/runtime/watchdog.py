@@ -17,7 +17,7 @@ from choreography_ray.runtime.messages import Outcome
 from choreography_ray.runtime.retries import FAILED_STATUSES
 from choreography_ray.runtime.stages import UNFINISHED
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import step_pages
+from choreography_ray.storage import StatusCounts, step_pages
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,11 @@ class WatchdogTick(JobBase):
         if self.halted:
             return
         counts = await self.storage.count_by_status(self.job_id)
+        if self._every_step_done(counts):
+            # Every step of the stage is done in storage: recount from storage and move on.
+            self.stages.recount(counts)
+            await self._on_stage_done(state.stage)
+            return
         await self._settle_lost_reports(counts)
         self._retry_failed_starts()
         if self.options.lease_seconds is not None:
@@ -89,6 +94,16 @@ class WatchdogTick(JobBase):
             await self._begin_stage(self.awaiting_admission)
         self.hosts.refresh()
         self._kick()
+
+    def _every_step_done(self, counts: StatusCounts) -> bool:
+        assert self.state is not None
+        stage = self.state.stage
+        return (
+            not self.active and not self.pending and not self.retries.pending
+            and not self.start_failed and self.awaiting_admission is None
+            and stage in self.stages.counters
+            and not any(n for (s, st), n in counts.items() if s == stage and st in UNFINISHED)
+        )  # fmt: skip
 
     async def _settle_lost_reports(self, counts: dict[tuple[int, StepStatus], int]) -> None:
         """Active steps whose outcome storage holds but whose report never arrived."""

@@ -642,14 +642,6 @@ def test_stop__a_step_that_ignores_the_stop_is_counted_when_it_ends(
     assert on_stopped >= ended
 
 
-@pytest.mark.xfail(
-    reason=(
-        "runtime bug: a reactivated STOPPED job (_tell_stop_again) neither recounts progress "
-        "from storage nor counts steps whose STOPPED record is stored, so a stop counted in "
-        "memory but not yet saved is lost (stopped_steps 0, expected 1)"
-    ),
-    strict=True,
-)
 def test_stop__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
     connect: Any, scope: str, storage_url: str
 ) -> None:
@@ -689,14 +681,6 @@ def test_stop__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
     assert len(starts(job_id)) == 2
 
 
-@pytest.mark.xfail(
-    reason=(
-        "runtime bug: while on_before_resuming_job_steps is owed the job has not adopted the "
-        "steps still running on hosts (resume clears `active`), so stop() tells no step, "
-        "finalizes at once and leaves them running and uncounted"
-    ),
-    strict=True,
-)
 def test_stop__while_the_resume_hook_is_owed__tells_the_running_steps(
     connect: Any, scope: str, storage_url: str
 ) -> None:
@@ -834,14 +818,6 @@ def test_remove__unfinished_when_the_job_actor_dies__is_finished_on_reactivation
     assert len(hook_calls(job_id, "on_stopped")) == 1
 
 
-@pytest.mark.xfail(
-    reason=(
-        "runtime bug: report_outcomes acknowledges a removing step's stop report even when the "
-        "finish failed (_finish_stop swallows the error), so only the 1 s timer runs the finish"
-        " again; the spec answers the report with an error"
-    ),
-    strict=True,
-)
 def test_remove__a_failed_finish_runs_again_on_the_steps_next_report(
     connect: Any, scope: str, storage_url: str
 ) -> None:
@@ -997,8 +973,9 @@ def test_watchdog__resume_hook_backoff_skips_1_3_7_15_ticks(
         called_at += [ticks] * (now - calls)
         calls = now
         if calls <= ResumeHookFails.FAILURES:
-            # Until the hook succeeds the job stays RUNNING and starts nothing.
-            assert ask(job_id, "active_steps") == 0
+            # Until the hook succeeds the job stays RUNNING and starts nothing (the steps still
+            # running on their hosts are adopted, not started).
+            assert len(starts(job_id)) == 2
             assert ask(job_id, "state").status is S.RUNNING
 
     # Retried on the next tick, then after skipping 1, 3, 7 and 15 ticks; then it succeeded.
@@ -1011,14 +988,6 @@ def test_watchdog__resume_hook_backoff_skips_1_3_7_15_ticks(
     assert progress(state)["successful"] == 2
 
 
-@pytest.mark.xfail(
-    reason=(
-        "runtime bug: watchdog_tick never recounts progress from storage and completes the job "
-        "when every step is done; outcomes reported while the resume hook was owed are dropped "
-        "and the job stays RUNNING forever"
-    ),
-    strict=True,
-)
 def test_watchdog__recounts_from_storage_and_completes_when_every_step_is_done(
     connect: Any, scope: str, storage_url: str
 ) -> None:
