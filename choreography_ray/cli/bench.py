@@ -145,7 +145,7 @@ def bench(
     )
 
     def log(message: str) -> None:
-        err_console.print(message, style="dim", highlight=False, markup=False)
+        err_console.print(message, style="dim", highlight=False, markup=False, soft_wrap=True)
 
     report = harness.run(config, log=log)
     report_module.print_report(report, console)
