@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import typing
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -39,30 +38,33 @@ class StepContext:
     worker thread) or `await context.cancelled()`. A step that ignores it is counted when it ends.
     """
 
-    __slots__ = ("_event", "_thread_event", "attempt", "job_id", "stage", "step_id")
+    __slots__ = ("_cancelled", "_event", "attempt", "job_id", "stage", "step_id")
 
     def __init__(self, job_id: str, step_id: str, stage: int, attempt: int) -> None:
         self.job_id = job_id
         self.step_id = step_id
         self.stage = stage
         self.attempt = attempt
+        # A plain flag (read from any thread) and an event made only for a step that awaits
+        # it: a context is made per step on the hot path.
+        self._cancelled = False
         self._event: asyncio.Event | None = None
-        self._thread_event = threading.Event()
 
     @property
     def is_cancelled(self) -> bool:
-        return self._thread_event.is_set()
+        return self._cancelled
 
     async def cancelled(self) -> None:
         """Returns once the step is told to stop."""
         if self._event is None:
             self._event = asyncio.Event()
-            if self._thread_event.is_set():
+            if self._cancelled:
                 self._event.set()
         await self._event.wait()
 
     def cancel(self) -> None:
-        self._thread_event.set()
+        """Called on the step host's event loop."""
+        self._cancelled = True
         if self._event is not None:
             self._event.set()
 

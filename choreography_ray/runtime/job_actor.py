@@ -335,16 +335,16 @@ class JobCore(Window, Stopping, Resuming, WatchdogTick):
             delay = self.retries.next_due_in() or 0.0
             asyncio.get_running_loop().call_later(delay, self._kick)
         stage = self.state.stage
-        if (
-            self.awaiting_admission is None
-            and not self.pending
-            and not self.active
-            and not self.retries.pending
-            and not self.start_failed
-            and stage in self.stages.counters
-            and self.stages[stage].is_completed
-        ):
-            await self._on_stage_done(stage)
+        if not self._idle():
+            return
+        if not self.stages[stage].is_completed:
+            # Nothing runs, yet the counters miss outcomes (reports refused while the job was
+            # reactivating, or lost): storage decides, now rather than at the next tick.
+            counts = await self.storage.count_by_status(self.job_id)
+            if not self._every_step_done(counts):
+                return
+            self.stages.recount(counts)
+        await self._on_stage_done(stage)
 
 
 @ray.remote

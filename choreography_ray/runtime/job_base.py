@@ -25,7 +25,7 @@ from choreography_ray.runtime.retries import RetrySchedule
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.runtime.stages import Stages
 from choreography_ray.status import JobStatus
-from choreography_ray.storage import CountedKind
+from choreography_ray.storage import CountedKind, StatusCounts
 
 if TYPE_CHECKING:
     from choreography_ray.runtime.watchdog import HookBackoff
@@ -82,6 +82,18 @@ class JobBase:
         if self.state is None:
             raise JobOperationError(ResumeJobError.UNKNOWN, f"job {self.job_id} does not exist")
         return self.state
+
+    def _idle(self) -> bool:
+        """No step of the running stage is active, waiting to start, or waiting to retry."""
+        assert self.state is not None
+        return (
+            not self.active and not self.pending and not self.retries.pending
+            and not self.start_failed and self.awaiting_admission is None
+            and self.state.stage in self.stages.counters
+        )  # fmt: skip
+
+    def _every_step_done(self, counts: StatusCounts) -> bool:
+        raise NotImplementedError
 
     # -- defined by the parts -----------------------------------------------------------------
 

@@ -96,14 +96,11 @@ class WatchdogTick(JobBase):
         self._kick()
 
     def _every_step_done(self, counts: StatusCounts) -> bool:
+        """Nothing runs or waits here, and storage holds no unfinished step of the stage."""
         assert self.state is not None
         stage = self.state.stage
-        return (
-            not self.active and not self.pending and not self.retries.pending
-            and not self.start_failed and self.awaiting_admission is None
-            and stage in self.stages.counters
-            and not any(n for (s, st), n in counts.items() if s == stage and st in UNFINISHED)
-        )  # fmt: skip
+        unfinished = (n for (s, st), n in counts.items() if s == stage and st in UNFINISHED)
+        return self._idle() and not any(unfinished)
 
     async def _settle_lost_reports(self, counts: dict[tuple[int, StepStatus], int]) -> None:
         """Active steps whose outcome storage holds but whose report never arrived."""
