@@ -400,14 +400,7 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
         )
         for s, when in zip(steps, updated, strict=True)
     ]  # fmt: skip
-    marks = ", ".join("?" * len(_STEP_COLUMNS))
-    connection.execute("SAVEPOINT plan")
-    try:
-        connection.executemany(f"INSERT INTO job_steps VALUES ({marks})", rows)
-    except sqlite3.IntegrityError:
-        connection.execute("ROLLBACK TO plan")
-        duplicate = _duplicate(connection, [(s.job_id, s.step_id) for s in steps])
-        raise DuplicateRecordError(f"step {duplicate!r} exists already") from None
+    _insert_step_rows(connection, rows)
 
 
 def _insert_plan(connection: sqlite3.Connection, job_id: str, steps: Sequence[PlannedStep]) -> None:
@@ -418,16 +411,19 @@ def _insert_plan(connection: sqlite3.Connection, job_id: str, steps: Sequence[Pl
         (job_id, s.step_id, s.type, s.stage, scheduled, 0, None, 1, r, "[]", now, SCHEMA_VERSION)
         for s, r in zip(steps, requests, strict=True)
     ]
+    _insert_step_rows(connection, rows)
+
+
+def _insert_step_rows(connection: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """All the rows or none: a duplicate id names the step and writes nothing."""
     marks = ", ".join("?" * len(_STEP_COLUMNS))
     connection.execute("SAVEPOINT plan")
     try:
         connection.executemany(f"INSERT INTO job_steps VALUES ({marks})", rows)
     except sqlite3.IntegrityError:
         connection.execute("ROLLBACK TO plan")
-        keys = [(job_id, s.step_id) for s in steps]
-        raise DuplicateRecordError(
-            f"step {_duplicate(connection, keys)!r} exists already"
-        ) from None
+        duplicate = _duplicate(connection, [(row[0], row[1]) for row in rows])
+        raise DuplicateRecordError(f"step {duplicate!r} exists already") from None
 
 
 def _duplicate(connection: sqlite3.Connection, keys: Sequence[tuple[str, str]]) -> str:
