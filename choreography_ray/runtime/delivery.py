@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.messages import Outcome
+from choreography_ray.runtime.messages import Outcome, outcomes_to_wire
 from choreography_ray.runtime.names import job_name
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Delivery:
             try:
                 if self.drop is not None and self.drop(job_id, outcomes):
                     raise ConnectionError("delivery dropped on purpose")
-                await self._handle(job_id).report_outcomes.remote(list(outcomes))
+                await self._handle(job_id).report_outcomes.remote(outcomes_to_wire(outcomes))
                 return True
             except Exception as error:
                 self._handles.pop(job_id, None)

@@ -22,7 +22,12 @@ from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.job_base import describe
-from choreography_ray.runtime.messages import Outcome, StepStart
+from choreography_ray.runtime.messages import (
+    Outcome,
+    OutcomeWire,
+    StepStart,
+    outcomes_from_wire,
+)
 from choreography_ray.runtime.resuming import Resuming
 from choreography_ray.runtime.retries import FAILED_STATUSES, decide
 from choreography_ray.runtime.stages import UNFINISHED, Stages
@@ -372,8 +377,8 @@ class JobActor:
     async def start(self) -> StartJobError | None:
         return await self.core.start()
 
-    async def report_outcomes(self, outcomes: list[Outcome]) -> None:
-        await self.core.report_outcomes(outcomes)
+    async def report_outcomes(self, outcomes: list[OutcomeWire]) -> None:
+        await self.core.report_outcomes(outcomes_from_wire(outcomes))
 
     async def stop(self) -> None:
         await self.core.stop()

@@ -27,7 +27,7 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.driver import SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
-from choreography_ray.runtime.messages import Outcome, StepStart
+from choreography_ray.runtime.messages import Outcome, StartWire, StepStart, starts_from_wire
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.step import JobStep, StepContext, StepResult
@@ -315,9 +315,9 @@ class StepHost:
         self.core = StepHostCore(namespace, capacity)
 
     async def start_steps(
-        self, job_id: str, context: tuple[str, str], steps: list[StepStart]
+        self, job_id: str, context: tuple[str, str], steps: list[StartWire]
     ) -> int:
-        return await self.core.start_steps(job_id, context, steps)
+        return await self.core.start_steps(job_id, context, starts_from_wire(steps))
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)

@@ -16,7 +16,7 @@ from typing import Any
 
 from choreography_ray.options import window_size
 from choreography_ray.runtime.job_base import JobBase, log
-from choreography_ray.runtime.messages import StepStart
+from choreography_ray.runtime.messages import StepStart, starts_to_wire
 from choreography_ray.status import JobStatus
 from choreography_ray.step import JobStep
 from choreography_ray.types import import_type
@@ -90,7 +90,7 @@ class Window(JobBase):
         for start in batch:
             self.active[start.step_id] = (start, name)
         try:
-            await handle.start_steps.remote(self.job_id, self.hosts.context, batch)
+            await handle.start_steps.remote(self.job_id, self.hosts.context, starts_to_wire(batch))
         except Exception as error:
             log.warning(
                 "job %s: starting %d steps on %s failed: %s", self.job_id, len(batch), name, error
