@@ -57,7 +57,7 @@ class JobsOptions(BaseModel):
     #: Steps one step host runs at once.
     step_host_capacity: int = Field(default=4096, ge=1)
     #: Steps in one start RPC from a job to a step host.
-    step_batch_size: int = Field(default=512, ge=1)
+    step_batch_size: int = Field(default=1024, ge=1)
     #: How long a step host gathers writes before one bulk write (group commit).
     group_commit_delay: Duration = timedelta(milliseconds=5)
     #: An async `perform` that holds the event loop longer than this without awaiting is

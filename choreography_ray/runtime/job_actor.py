@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import warnings
 
@@ -137,7 +138,7 @@ class JobCore(Window, Stopping, Resuming, WatchdogTick):
         totals: dict[int, int] = {}
         for index, spec in enumerate(specs):
             step_id = f"{index:0{width}d}"
-            request = spec.request.model_dump(mode="json")
+            request = spec.request.model_dump_json()
             records.append(PlannedStep(step_id, spec.step_type, spec.stage, request))
             self.plan.setdefault(spec.stage, []).append(
                 StepStart(step_id, spec.step_type, spec.stage, 1, request)
@@ -207,7 +208,9 @@ class JobCore(Window, Stopping, Resuming, WatchdogTick):
         others: list[StepStart] = []
         async for page in step_pages(self.storage, self.job_id, statuses=UNFINISHED, stage=stage):
             for s in page:
-                start = StepStart(s.step_id, s.type, s.stage, max(1, s.attempt), s.request)
+                start = StepStart(
+                    s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request)
+                )
                 (running if s.status is StepStatus.RUNNING else others).append(start)
         return running + others
 

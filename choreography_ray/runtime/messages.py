@@ -8,12 +8,12 @@ plain tuple of strings and numbers, and one RPC carries hundreds of them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from choreography_ray.status import StepStatus
 
-#: A `StepStart` on the wire: (step_id, type, stage, attempt, request).
-StartWire = tuple[str, str, int, int, dict[str, Any]]
+#: A `StepStart` on the wire: (step_id, type, stage, attempt, request as JSON text).
+StartWire = tuple[str, str, int, int, str]
 #: An `Outcome` on the wire: (step_id, attempt, status value, message).
 OutcomeWire = tuple[str, int, str, str | None]
 
@@ -25,7 +25,8 @@ class StepStart(NamedTuple):
     type: str
     stage: int
     attempt: int
-    request: dict[str, Any]
+    #: The request as JSON text: serialized once for storage, the wire and the step host.
+    request_json: str
 
 
 class Outcome(NamedTuple):

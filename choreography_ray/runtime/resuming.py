@@ -8,6 +8,7 @@ a live host is adopted rather than started twice.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from choreography_ray.errors import (
     CannotResumeJobError,
@@ -124,7 +125,7 @@ class Resuming(JobBase):
         if state.status is not JobStatus.COMPLETED_WITH_FAILURES:
             raise JobOperationError(RetryFailedStepsError.JOB_IS_NOT_COMPLETED_WITH_FAILURES)
         failed = [
-            StepStart(s.step_id, s.type, s.stage, s.attempt + 1, s.request)
+            StepStart(s.step_id, s.type, s.stage, s.attempt + 1, json.dumps(s.request))
             async for page in step_pages(self.storage, self.job_id, statuses=FAILED_STATUSES)
             for s in page
         ]

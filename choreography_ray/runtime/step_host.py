@@ -130,7 +130,7 @@ class StepHostCore:
         context = self.running[key][0]
         try:
             step_type, request_type, is_async = _step_type(step.type, options.allowed_type_prefixes)
-            request = request_type.model_validate(step.request)
+            request = request_type.model_validate_json(step.request_json)
             perform = step_type().perform
             if is_async:
                 driver = SliceDriver(perform(request, context))

@@ -77,18 +77,23 @@ class Window(JobBase):
                     self.job_id, start.step_id, getattr(step_type, "actor_options", {})
                 )
                 self._dedicated[start.step_id] = handle
-                tasks.append(self._spawn(self._start_on(name, handle, [start])))
+                tasks.append(self._start_on(name, handle, [start]))
             else:
                 shared.append(start)
         if shared:
             name, handle = self.hosts.next()
-            tasks.append(self._spawn(self._start_on(name, handle, shared)))
+            tasks.append(self._start_on(name, handle, shared))
         return tasks
 
-    async def _start_on(self, name: str, handle: Any, batch: list[StepStart]) -> bool:
+    def _start_on(self, name: str, handle: Any, batch: list[StepStart]) -> asyncio.Future[bool]:
+        # Counted in flight and active now, not when the task first runs: the throttle and
+        # the window see this operation before `_fill` decides on the next one.
         self._starts_in_flight += 1
         for start in batch:
             self.active[start.step_id] = (start, name)
+        return self._spawn(self._send_start(name, handle, batch))
+
+    async def _send_start(self, name: str, handle: Any, batch: list[StepStart]) -> bool:
         try:
             await handle.start_steps.remote(self.job_id, self.hosts.context, starts_to_wire(batch))
         except Exception as error:

@@ -27,9 +27,10 @@ Each provider's docstring says how it lays these out.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from choreography_ray.model import (
     JobsManagerKey,
@@ -65,12 +66,13 @@ class StepUpdate:
 
 
 class PlannedStep(NamedTuple):
-    """One step of a plan as `insert_plan` takes it: SCHEDULED, attempt 0, no lease yet."""
+    """One step of a plan as `insert_plan` takes it: SCHEDULED, attempt 0, no lease yet; the
+    request already serialized, as JSON text."""
 
     step_id: str
     type: str
     stage: int
-    request: dict[str, Any]
+    request_json: str
 
 
 def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState]:
@@ -82,7 +84,7 @@ def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState
             step_id=s.step_id,
             type=s.type,
             stage=s.stage,
-            request=s.request,
+            request=json.loads(s.request_json),
             updated=now,
         )
         for s in steps

@@ -406,11 +406,11 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
 def _insert_plan(connection: sqlite3.Connection, job_id: str, steps: Sequence[PlannedStep]) -> None:
     now: str = json.loads(to_json(utcnow()))
     scheduled = StepStatus.SCHEDULED.value
-    requests = [to_json(s.request).decode() for s in steps]
     rows = [
-        (job_id, s.step_id, s.type, s.stage, scheduled, 0, None, 1, r, "[]", now, SCHEMA_VERSION)
-        for s, r in zip(steps, requests, strict=True)
-    ]
+        (job_id, s.step_id, s.type, s.stage, scheduled, 0, None, 1, s.request_json, "[]", now,
+         SCHEMA_VERSION)
+        for s in steps
+    ]  # fmt: skip
     _insert_step_rows(connection, rows)
 
 

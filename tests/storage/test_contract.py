@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 import random
@@ -188,19 +189,21 @@ async def test_insert_steps__one_duplicate_writes_nothing(storage: Storage) -> N
 async def test_insert_plan__scheduled_records_and_one_duplicate_writes_nothing(
     storage: Storage,
 ) -> None:
-    plan = [PlannedStep(f"s{i}", "pkg.mod:Step", stage=i % 2 * 10, request={"n": i})
-            for i in range(4)]  # fmt: skip
+    plan = [
+        PlannedStep(f"s{i}", "pkg.mod:Step", stage=i % 2 * 10, request_json=f'{{"n": {i}}}')
+        for i in range(4)
+    ]
     await storage.insert_plan("j1", plan)
 
     stored = await storage.list_steps("j1")
     assert [(s.step_id, s.type, s.stage, s.request) for s in stored] == [
-        (p.step_id, p.type, p.stage, p.request) for p in plan
+        (p.step_id, p.type, p.stage, json.loads(p.request_json)) for p in plan
     ]
     assert {(s.status, s.attempt, s.lease, s.status_changes) for s in stored} == {
         (StepStatus.SCHEDULED, 0, None, ())
     }
     with pytest.raises(DuplicateRecordError, match="s3"):
-        await storage.insert_plan("j1", [PlannedStep("s9", "pkg.mod:Step", 0, {}), plan[3]])
+        await storage.insert_plan("j1", [PlannedStep("s9", "pkg.mod:Step", 0, "{}"), plan[3]])
     assert len(await storage.list_steps("j1")) == 4
 
 
