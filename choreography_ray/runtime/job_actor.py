@@ -59,7 +59,10 @@ class JobCore(Window, Stopping, Resuming, WatchdogTick):
         try:
             await self._load()
         except Exception as error:
+            # Calls get the error; the actor goes (rehydration or reconciliation brings a job
+            # that can still run back).
             self._loaded.set_exception(error)
+            self._request_exit()
             return
         self._loaded.set_result(None)
         self._spawn(self._pump())
