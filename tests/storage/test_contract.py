@@ -530,6 +530,19 @@ async def test_sqlite__unopenable_file_is_unavailable(tmp_path: Path) -> None:
         await storage.close()
 
 
+async def test_mongodb__unreachable_server_fails_fast_without_the_password() -> None:
+    # Port 1 on loopback refuses connections: no server is needed for this case.
+    url = "mongodb://admin:s3cret@127.0.0.1:1/jobs?serverSelectionTimeoutMS=1000"
+    storage = open_storage(url)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError) as raised:
+        await storage.get_job("j1")
+    assert time.monotonic() - started < 15, "bounded by the server selection timeout"
+    assert "127.0.0.1:1" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+    await storage.close()
+
+
 def test_sqlite__pickles_as_its_url(tmp_path: Path) -> None:
     """Ray may ship a storage to an actor: the copy opens its own connection and thread."""
     storage = SqliteStorage(f"sqlite:///{tmp_path / 'jobs.db'}")
