@@ -29,6 +29,9 @@ from choreography_ray.storage import CountedKind, Storage, open_storage
 
 T = TypeVar("T")
 
+#: The Ray namespace the runtime tests' `connect` fixture puts every actor in.
+RAY_NAMESPACE = "choreography-tests"
+
 #: Seconds between two looks of `eventually` at its condition, unless told otherwise.
 POLL_EVERY = 0.05
 

@@ -11,6 +11,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from tests.support import RAY_NAMESPACE
 
 #: Short intervals so the tests observe watchdog ticks and deliveries in seconds.
 FAST = {
@@ -28,7 +29,7 @@ def ray_cluster() -> Iterator[None]:
         ray.init(
             address="local",
             num_cpus=2,
-            namespace="choreography-tests",
+            namespace=RAY_NAMESPACE,
             include_dashboard=False,
             logging_level="WARNING",
         )
@@ -49,7 +50,7 @@ def connect(ray_cluster: None, storage_url: str):  # type: ignore[no-untyped-def
         return cr.Jobs.connect(
             storage=storage_url,
             options=cr.JobsOptions(**{**FAST, **options}),
-            namespace="choreography-tests",
+            namespace=RAY_NAMESPACE,
         )
 
     return make
