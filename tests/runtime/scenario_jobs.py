@@ -1,15 +1,14 @@
 """Job and step types of the job scenarios (`test_jobs.py`), importable by path in Ray workers.
 
-Steps and hooks run in other processes than the test, so they record what they observe as JSON
-lines in files the request names: which step ran, in which stage and attempt, when it started and
-ended, in which actor, and which hooks were called. The test reads the files afterwards.
+Steps and hooks run in other processes than the test, so they record what they observe in the
+trace files the request names (`tests.support.trace`): which step ran, in which stage and
+attempt, when it started and ended, in which actor, and which hooks were called. The test reads
+the files afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
 import os
 import time
 from pathlib import Path
@@ -19,28 +18,10 @@ import ray
 from pydantic import BaseModel
 
 import choreography_ray as cr
+from tests.support import trace
 
 #: Seconds between two looks at a gate file.
 GATE_POLL = 0.05
-
-
-def record(path: str, **fields: Any) -> None:
-    """Appends one JSON line to `path`, under a lock: many processes write the same file."""
-    line = (json.dumps(fields) + "\n").encode()
-    with Path(path).open("ab") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)
-        try:
-            file.write(line)
-            file.flush()
-        finally:
-            fcntl.flock(file, fcntl.LOCK_UN)
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    file = Path(path)
-    if not file.exists():
-        return []
-    return [json.loads(line) for line in file.read_text().splitlines() if line]
 
 
 def is_open(gate: str) -> bool:
@@ -80,7 +61,7 @@ async def _perform_async(request: Probe, context: cr.StepContext) -> Any:
 
 
 def _finish(request: Probe, context: cr.StepContext, started: float, on_loop: bool) -> Any:
-    record(
+    trace(
         request.log,
         n=request.n,
         job_id=context.job_id,
@@ -161,7 +142,7 @@ class PlanJob(cr.Job[PlanRequest]):
         return [self.create_step(STEP_TYPES[p.kind], p, stage=p.stage) for p in request.steps]
 
     async def on_completed(self) -> None:
-        record(self.request.hooks, hook="on_completed", job_id=self.job_id, at=time.time())
+        trace(self.request.hooks, hook="on_completed", job_id=self.job_id, at=time.time())
         if self.request.completed_delay:
             await asyncio.sleep(self.request.completed_delay)
         if self.request.fail_completed:
@@ -169,7 +150,7 @@ class PlanJob(cr.Job[PlanRequest]):
 
     async def admit_stage(self, stage: int) -> bool:
         admitted = stage != self.request.gated_stage or is_open(self.request.gate)
-        record(
+        trace(
             self.request.hooks, hook="admit_stage", stage=stage, admitted=admitted, at=time.time()
         )
         return admitted

@@ -2,26 +2,23 @@
 steps, sync steps, the step context, duplicate deliveries, dedicated step actors, requests that
 are refused, the manager's queries and the key catalog.
 
-Steps and hooks record what they observe in files (see `scenario_jobs`); the tests assert on
+Steps and hooks record what they observe in trace files (see `scenario_jobs`); the tests assert on
 those records and on storage, never on the runtime's internals.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import ray
 
 import choreography_ray as cr
 from choreography_ray.runtime.messages import Outcome
-from choreography_ray.storage import Storage, open_storage
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.scenario_jobs import (
     BestEffortPlanJob,
@@ -31,15 +28,11 @@ from tests.runtime.scenario_jobs import (
     RetryablePlanJob,
     WindowOfTwoJob,
     WindowOfZeroJob,
-    read_records,
 )
+from tests.support import RAY_NAMESPACE, eventually, in_storage, read_trace
 
-#: The Ray namespace the `connect` fixture puts every actor in.
-RAY_NAMESPACE = "choreography-tests"
 #: Seconds a small job gets to finish.
 WAIT = 60.0
-
-T = TypeVar("T")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -60,27 +53,15 @@ class Files:
         return PlanRequest(steps=probes, hooks=self.hooks, **fields)
 
     def step_records(self) -> list[dict[str, Any]]:
-        return read_records(self.steps)
+        return read_trace(self.steps)
 
     def hook_records(self, hook: str) -> list[dict[str, Any]]:
-        return [r for r in read_records(self.hooks) if r["hook"] == hook]
+        return [r for r in read_trace(self.hooks) if r["hook"] == hook]
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> Files:
     return Files(tmp_path)
-
-
-def eventually(probe: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
-    """Polls `probe` until it returns something truthy, and returns that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s (last: {value!r})")
-        time.sleep(0.05)
 
 
 def actor_is_gone(name: str) -> bool:
@@ -116,19 +97,6 @@ def stored_by_n(manager: cr.JobsManager, job_id: str) -> dict[int, cr.StepState]
 def last_message(step: cr.StepState) -> str:
     messages = step.status_changes[-1].exception_messages if step.status_changes else ()
     return messages[0] if messages else ""
-
-
-def in_storage(url: str, use: Callable[[Storage], Awaitable[T]]) -> T:
-    """What `use` reads from the test's storage, opened directly (not through Ray)."""
-
-    async def run() -> T:
-        storage = open_storage(url)
-        try:
-            return await use(storage)
-        finally:
-            await storage.close()
-
-    return asyncio.run(run())
 
 
 def stage_progress(state: cr.JobState) -> dict[int, cr.StageProgress]:
