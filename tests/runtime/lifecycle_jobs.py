@@ -1,21 +1,23 @@
 """Job and step types of the lifecycle tests (retries, stop, resume, remove, the watchdog).
 
 Ray workers import them by path, so they live at module level. Steps and hooks run in other
-processes of this machine; they leave traces (one timestamped line per event) and read flags
-in a directory per job, `TRACES / job_id`, which the tests read and write.
+processes of this machine; they leave traces (`tests.support.trace`, one file per kind of
+event, each event with its time `at`) and read flags in a directory per job, `TRACES / job_id`,
+which the tests read and write.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 import choreography_ray as cr
+from tests.support import read_trace, trace
 
 #: Where jobs leave their traces and find their flags: one directory per job id.
 TRACES = Path(tempfile.gettempdir()) / "choreography-lifecycle-tests"
@@ -29,23 +31,14 @@ def job_dir(job_id: str) -> Path:
     return path
 
 
-def record(job_id: str, name: str, *fields: object) -> None:
-    """Appends "time field..." to the trace `name` of the job (one short write per line)."""
-    line = " ".join([repr(time.time()), *map(str, fields)]) + "\n"
-    fd = os.open(job_dir(job_id) / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+def record(job_id: str, name: str, **fields: object) -> None:
+    """Appends an event to the trace `name` of the job, with the time it happened as `at`."""
+    trace(job_dir(job_id) / name, at=time.time(), **fields)
 
 
-def read(job_id: str, name: str) -> list[tuple[float, list[str]]]:
-    """The trace `name` of the job: (time, fields) per line, in the order written."""
-    path = TRACES / job_id / name
-    if not path.exists():
-        return []
-    lines = [line.split() for line in path.read_text().splitlines() if line]
-    return [(float(line[0]), line[1:]) for line in lines]
+def read(job_id: str, name: str) -> list[dict[str, Any]]:
+    """The events of the trace `name` of the job, in the order written."""
+    return read_trace(TRACES / job_id / name)
 
 
 def is_set(job_id: str, flag: str) -> bool:
@@ -92,12 +85,12 @@ class Work(BaseModel):
 
 
 class TracedStep(cr.JobStep[Work]):
-    """Traces "starts: step_id attempt n" when it starts and "ends: step_id attempt n outcome"
-    when it ends."""
+    """Traces "starts" (step_id, attempt, n) when it starts and "ends" (step_id, attempt, n,
+    outcome) when it ends."""
 
     async def perform(self, request: Work, context: cr.StepContext) -> cr.StepResult:
         job_id, step_id, attempt = context.job_id, context.step_id, context.attempt
-        record(job_id, "starts", step_id, attempt, request.n)
+        record(job_id, "starts", step_id=step_id, attempt=attempt, n=request.n)
         await asyncio.sleep(0)
         if request.block:
             stop = asyncio.ensure_future(context.cancelled())
@@ -106,18 +99,25 @@ class TracedStep(cr.JobStep[Work]):
                 while not is_set(job_id, "go") and time.monotonic() < deadline:
                     await asyncio.wait([stop], timeout=0.05)
                     if stop.done():
-                        record(job_id, "ends", step_id, attempt, request.n, "stopped")
+                        record(
+                            job_id,
+                            "ends",
+                            step_id=step_id,
+                            attempt=attempt,
+                            n=request.n,
+                            outcome="stopped",
+                        )
                         raise asyncio.CancelledError  # honour the stop
             finally:
                 stop.cancel()
         if request.ignore_stop:
             await flag_set(job_id, "go")
         if request.raise_error:
-            record(job_id, "ends", step_id, attempt, request.n, "raised")
+            record(job_id, "ends", step_id=step_id, attempt=attempt, n=request.n, outcome="raised")
             raise RuntimeError(f"raised at attempt {attempt}")
         result = self.result(request, job_id, attempt)
         outcome = "succeeded" if result.success else "failed"
-        record(job_id, "ends", step_id, attempt, request.n, outcome)
+        record(job_id, "ends", step_id=step_id, attempt=attempt, n=request.n, outcome=outcome)
         return result
 
     @staticmethod
@@ -168,7 +168,13 @@ class Picky(Traced):
     """Retries a timeout, never a rejected input."""
 
     def should_retry_step(self, step_id: str, result: cr.StepResult, attempt: int) -> bool:
-        record(self.job_id, "should_retry_step", step_id, attempt, result.message or "")
+        record(
+            self.job_id,
+            "should_retry_step",
+            step_id=step_id,
+            attempt=attempt,
+            message=result.message or "",
+        )
         return "rejected" not in (result.message or "")
 
 
@@ -205,7 +211,7 @@ class AdmittedOnFlag(Traced):
     """Admission is refused until the job's flag "admit" is set; each question is traced."""
 
     async def admit_stage(self, stage: int) -> bool:
-        record(self.job_id, "admit_stage", stage)
+        record(self.job_id, "admit_stage", stage=stage)
         return is_set(self.job_id, "admit")
 
 
@@ -222,7 +228,7 @@ class AdmissionWaits(Traced):
     `STARTING_STEPS` with its plan saved."""
 
     async def admit_stage(self, stage: int) -> bool:
-        record(self.job_id, "admit_stage", stage)
+        record(self.job_id, "admit_stage", stage=stage)
         await flag_set(self.job_id, "admit")
         return True
 

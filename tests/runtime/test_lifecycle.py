@@ -7,14 +7,13 @@ hooks leave traces in a directory per job (see `lifecycle_jobs`).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import shutil
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import ray
@@ -22,7 +21,7 @@ import ray
 import choreography_ray as cr
 from choreography_ray.model import JobState, StepState
 from choreography_ray.runtime.messages import Outcome
-from choreography_ray.storage import CountedKind, open_storage
+from choreography_ray.storage import CountedKind
 from tests.runtime.lifecycle_jobs import (
     TRACES,
     AdmissionWaits,
@@ -42,16 +41,14 @@ from tests.runtime.lifecycle_jobs import (
     read,
     set_flag,
 )
+from tests.support import RAY_NAMESPACE, eventually, in_storage
 
 pytestmark = pytest.mark.timeout(90)
 
-#: The Ray namespace the `connect` fixture puts every actor in.
-RAY_NAMESPACE = "choreography-tests"
 #: Turns the background watchdog practically off (it still ticks once, about 1 s after the job
 #: activates), so a test drives `tick()` by hand and counts ticks exactly.
 HAND_DRIVEN = 3600.0
 
-T = TypeVar("T")
 S = cr.JobStatus
 
 
@@ -67,18 +64,6 @@ def _traces() -> Iterator[None]:
     yield
     while _STARTED:
         shutil.rmtree(TRACES / _STARTED.pop(), ignore_errors=True)
-
-
-def eventually(check: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
-    """Polls `check` until it returns something truthy; fails naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
-        time.sleep(every)
 
 
 def job_actor(job_id: str) -> Any:
@@ -128,25 +113,12 @@ def step_hosts() -> list[Any]:
     ]
 
 
-def stored(storage_url: str, read_it: Callable[[Any], Any]) -> Any:
-    """Reads storage directly, as the job's record of truth: `read_it(storage)` is awaited."""
-
-    async def run() -> Any:
-        storage = open_storage(storage_url)
-        try:
-            return await read_it(storage)
-        finally:
-            await storage.close()
-
-    return asyncio.run(run())
-
-
 def stored_job(storage_url: str, job_id: str) -> JobState | None:
-    return stored(storage_url, lambda s: s.get_job(job_id))
+    return in_storage(storage_url, lambda s: s.get_job(job_id))
 
 
 def stored_steps(storage_url: str, job_id: str) -> list[StepState]:
-    return stored(storage_url, lambda s: s.list_steps(job_id, limit=10_000))
+    return in_storage(storage_url, lambda s: s.list_steps(job_id, limit=10_000))
 
 
 def operation_error(call: Callable[[], object]) -> object:
@@ -158,21 +130,21 @@ def operation_error(call: Callable[[], object]) -> object:
 
 def starts(job_id: str, n: int | None = None) -> list[tuple[float, int, int]]:
     """(time, attempt, n) of every step start, in order; only work item `n` when given."""
-    found = [(t, int(f[1]), int(f[2])) for t, f in read(job_id, "starts")]
+    found = [(e["at"], e["attempt"], e["n"]) for e in read(job_id, "starts")]
     return [s for s in found if n is None or s[2] == n]
 
 
 def ends(job_id: str) -> list[tuple[float, int, int, str]]:
     """(time, attempt, n, outcome) of every step end."""
-    return [(t, int(f[1]), int(f[2]), f[3]) for t, f in read(job_id, "ends")]
+    return [(e["at"], e["attempt"], e["n"], e["outcome"]) for e in read(job_id, "ends")]
 
 
 def step_ids_by_n(job_id: str) -> dict[int, str]:
-    return {int(f[2]): f[0] for _, f in read(job_id, "starts")}
+    return {e["n"]: e["step_id"] for e in read(job_id, "starts")}
 
 
 def hook_calls(job_id: str, hook: str) -> list[float]:
-    return [t for t, _ in read(job_id, hook)]
+    return [e["at"] for e in read(job_id, hook)]
 
 
 def progress(state: JobState) -> dict[str, int]:
@@ -267,7 +239,7 @@ def test_step_retry__should_retry_step_refuses__counted_as_failure_at_once(
     assert [attempt for _, attempt, _ in starts(job_id, n=0)] == [1]
     assert [attempt for _, attempt, _ in starts(job_id, n=1)] == [1, 2]
     ids = step_ids_by_n(job_id)
-    asked = [(f[0], int(f[1]), " ".join(f[2:])) for _, f in read(job_id, "should_retry_step")]
+    asked = [(e["step_id"], e["attempt"], e["message"]) for e in read(job_id, "should_retry_step")]
     assert sorted(asked) == sorted(
         [(ids[0], 1, "rejected-input attempt 1"), (ids[1], 1, "attempt 1 failed")]
     )
@@ -748,7 +720,7 @@ def assert_removed(storage_url: str, manager: cr.JobsManager, job_id: str) -> No
     assert stored_job(storage_url, job_id) is None
     assert stored_steps(storage_url, job_id) == []
     for kind in CountedKind:
-        assert stored(storage_url, lambda s, kind=kind: s.list_counted(job_id, kind)) == []
+        assert in_storage(storage_url, lambda s, kind=kind: s.list_counted(job_id, kind)) == []
     assert operation_error(lambda: manager.get(job_id)) is cr.JobLookupError.JOB_NOT_FOUND
 
 
