@@ -2,23 +2,22 @@
 
 Hooks cannot see their job's request, so what they observe goes to a file of the job's scope
 under `events_dir()` (every process of the test machine shares it): `events_file(scope, kind)`.
-Steps log to the file their request names. Every line is JSON.
+Steps log to the file their request names. Both are trace files (`tests.support.trace`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import ray
 from pydantic import BaseModel
 
 import choreography_ray as cr
+from tests.support import read_trace, trace
 
 
 def events_dir() -> Path:
@@ -31,21 +30,8 @@ def events_file(scope: str, kind: str) -> Path:
     return events_dir() / f"{scope}.{kind}.jsonl"
 
 
-def append(path: Path | str, record: dict[str, Any]) -> None:
-    line = json.dumps(record) + "\n"
-    # One write of a short line in append mode: lines of concurrent writers do not interleave.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def read(path: Path | str) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+#: The name `tests.runtime.test_recovery_cluster` reads the step logs by.
+read = read_trace
 
 
 # -- steps ----------------------------------------------------------------------------------------
@@ -61,26 +47,22 @@ class RecordedStep(cr.JobStep[RecordedItem]):
 
     async def perform(self, request: RecordedItem, context: cr.StepContext) -> cr.StepResult:
         node = ray.get_runtime_context().get_node_id()
-        append(
+        trace(
             request.log,
-            {
-                "event": "start",
-                "job": context.job_id,
-                "step": context.step_id,
-                "node": node,
-                "at": time.time(),
-            },
+            event="start",
+            job=context.job_id,
+            step=context.step_id,
+            node=node,
+            at=time.time(),
         )
         await asyncio.sleep(request.sleep)
-        append(
+        trace(
             request.log,
-            {
-                "event": "end",
-                "job": context.job_id,
-                "step": context.step_id,
-                "node": node,
-                "at": time.time(),
-            },
+            event="end",
+            job=context.job_id,
+            step=context.step_id,
+            node=node,
+            at=time.time(),
         )
         return cr.StepResult.succeeded()
 
@@ -102,10 +84,10 @@ class RecordedJob(cr.Job[RecordedRequest]):
         return [self.create_step(RecordedStep, item) for _ in range(request.steps)]
 
     async def on_stopped(self) -> None:
-        append(events_file(self.scope, "stopped"), {"job": self.job_id, "at": time.time()})
+        trace(events_file(self.scope, "stopped"), job=self.job_id, at=time.time())
 
     async def on_before_resuming_job_steps(self) -> None:
-        append(events_file(self.scope, "resumed"), {"job": self.job_id, "at": time.time()})
+        trace(events_file(self.scope, "resumed"), job=self.job_id, at=time.time())
 
 
 class SlowResumeJob(RecordedJob):
@@ -114,10 +96,7 @@ class SlowResumeJob(RecordedJob):
     async def on_before_resuming_job_steps(self) -> None:
         start = time.time()
         await asyncio.sleep(0.5)
-        append(
-            events_file(self.scope, "resumed"),
-            {"job": self.job_id, "start": start, "end": time.time()},
-        )
+        trace(events_file(self.scope, "resumed"), job=self.job_id, start=start, end=time.time())
 
 
 # -- a key provider that fails at first -----------------------------------------------------------
@@ -136,8 +115,8 @@ class FlakyKeys:
     async def get_keys(self) -> list[cr.JobsManagerKey]:
         config = json.loads((events_dir() / f"{self.token}.json").read_text())
         calls = events_dir() / f"{self.token}.calls.jsonl"
-        append(calls, {"at": time.time()})
-        if len(read(calls)) <= config["fail"]:
+        trace(calls, at=time.time())
+        if len(read_trace(calls)) <= config["fail"]:
             raise RuntimeError(f"key provider {self.token} is not ready yet")
         return [cr.JobsManagerKey(scope=s, namespace=n) for s, n in config["keys"]]
 

@@ -9,21 +9,19 @@ connection registers the storage. Hooks and steps record what they do in files (
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import ray
 
 import choreography_ray as cr
 from choreography_ray.runtime.names import manager_name
-from choreography_ray.storage import CountedKind, Storage, open_storage
+from choreography_ray.storage import CountedKind, Storage
 from choreography_ray.types import type_path
 from tests.runtime.rehydration_jobs import (
     RecordedJob,
@@ -32,11 +30,9 @@ from tests.runtime.rehydration_jobs import (
     events_dir,
     events_file,
     flaky_keys_path,
-    read,
 )
+from tests.support import RAY_NAMESPACE, eventually, in_storage, left_behind, read_trace, seed_job
 
-T = TypeVar("T")
-RAY_NAMESPACE = "choreography-tests"
 #: An hour ago: jobs left by a cluster that died a while back.
 EPOCH = datetime.now(UTC) - timedelta(hours=1)
 
@@ -44,20 +40,7 @@ EPOCH = datetime.now(UTC) - timedelta(hours=1)
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def in_storage(url: str, use: Callable[[Storage], Awaitable[T]]) -> T:
-    """Runs `use` on a storage of its own, opened on the test's SQLite file and closed after."""
-
-    async def go() -> T:
-        storage = open_storage(url)
-        try:
-            return await use(storage)
-        finally:
-            await storage.close()
-
-    return asyncio.run(go())
-
-
-def seed_job(
+def seed_recorded_job(
     url: str,
     *,
     scope: str,
@@ -73,78 +56,24 @@ def seed_job(
     succeeded: int = 0,
     stopped_counted: tuple[str, ...] = (),
 ) -> str:
-    """Writes a job as a dead cluster left it: the record, and its plan's unfinished steps.
-
-    `steps` are (stage, status) of the stored step records; `succeeded` more steps of stage 0
-    succeeded already (their records are deleted, as a success deletes its record)."""
-    job_id = uuid.uuid4().hex
-    totals = Counter(s for s, _ in steps)
-    totals[0] += succeeded
-    progress = cr.JobProgress()  # a job without a plan has no totals yet
-    if has_plan:
-        progress = cr.JobProgress(
-            total_steps=sum(totals.values()),
-            successful_steps=succeeded,
-            stopped_steps=sum(1 for _, status in steps if status is cr.StepStatus.STOPPED),
-            stages=tuple(
-                cr.StageProgress(
-                    stage=s,
-                    is_started=s in started,
-                    total_steps=n,
-                    successful_steps=succeeded if s == 0 else 0,
-                    stopped_steps=sum(
-                        1 for t, st in steps if t == s and st is cr.StepStatus.STOPPED
-                    ),
-                )
-                for s, n in sorted(totals.items())
-            ),
-        )
-    state = cr.JobState(
-        id=job_id,
+    """Writes a job of `RecordedStep`s logging to `log` as a dead cluster left it (see
+    `tests.support.left_behind`), and returns its id."""
+    state, records = left_behind(
         scope=scope,
         namespace=namespace,
-        type=job_type,
+        status=status,
+        job_type=job_type,
+        step_type=type_path(RecordedStep),
+        steps=steps,
         created=created,
         request={"log": log, "steps": len(steps) + succeeded},
+        step_request={"log": log, "sleep": 0.05},
         has_plan=has_plan,
         stop_finalized=stop_finalized,
-        progress=progress,
-    ).with_status(cr.JobStatus.PREPARING_JOB)
-    if status is not cr.JobStatus.PREPARING_JOB:
-        state = state.with_status(status)
-    records = [
-        cr.StepState(
-            job_id=job_id,
-            step_id=f"{succeeded + i:06d}",
-            type=type_path(RecordedStep),
-            stage=step_stage,
-            status=step_status,
-            attempt=0 if step_status is cr.StepStatus.SCHEDULED else 1,
-            request={"log": log, "sleep": 0.05},
-            updated=created,
-        )
-        for i, (step_stage, step_status) in enumerate(steps)
-    ]
-
-    async def write(storage: Storage) -> None:
-        await storage.create_job(state)
-        await storage.insert_steps(records)
-        if stopped_counted:
-            await storage.add_counted(job_id, CountedKind.STOPPED, stopped_counted)
-
-    in_storage(url, write)
-    return job_id
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+        started=started,
+        succeeded=succeeded,
+    )
+    return seed_job(url, state, records, stopped_counted=stopped_counted)
 
 
 def get_job(url: str, job_id: str) -> cr.JobState | None:
@@ -156,7 +85,7 @@ def wait_status(url: str, job_id: str, *statuses: cr.JobStatus, timeout: float =
         state = get_job(url, job_id)
         return state if state is not None and state.status in statuses else None
 
-    return wait_until(settled, timeout, f"job {job_id} to be one of {statuses}")
+    return eventually(settled, timeout, f"job {job_id} to be one of {statuses}")
 
 
 def drain_stats(scope: str, namespace: str) -> dict[str, Any]:
@@ -166,7 +95,7 @@ def drain_stats(scope: str, namespace: str) -> dict[str, Any]:
 
 
 def wait_drained(scope: str, namespace: str, timeout: float = 60) -> dict[str, Any]:
-    return wait_until(
+    return eventually(
         lambda: (lambda s: s if s["done"] else None)(drain_stats(scope, namespace)),
         timeout,
         "the rehydration drain to finish",
@@ -175,7 +104,7 @@ def wait_drained(scope: str, namespace: str, timeout: float = 60) -> dict[str, A
 
 def ran(log: str, job_id: str) -> Counter[str]:
     """How many times each step of the job ran to its end."""
-    return Counter(r["step"] for r in read(log) if r["job"] == job_id and r["event"] == "end")
+    return Counter(r["step"] for r in read_trace(log) if r["job"] == job_id and r["event"] == "end")
 
 
 @pytest.fixture
@@ -207,7 +136,7 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
         (1, cr.StepStatus.SCHEDULED),
         (1, cr.StepStatus.SCHEDULED),
     ]
-    stopped = seed_job(
+    stopped = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="left",
@@ -217,7 +146,7 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
         succeeded=1,
         stopped_counted=("000001",),
     )
-    removing = seed_job(
+    removing = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="left",
@@ -232,12 +161,12 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
     snapshot = manager.rehydrate()
     assert snapshot == [stopped, removing]
 
-    wait_until(
+    eventually(
         lambda: (lambda j: j is not None and j.stop_finalized)(get_job(storage_url, stopped)),
         60,
         "the stop to be finalized",
     )
-    wait_until(lambda: get_job(storage_url, removing) is None, 60, "the removal to complete")
+    eventually(lambda: get_job(storage_url, removing) is None, 60, "the removal to complete")
     wait_drained(scope, "left")
 
     # The removal completed: the job, its steps and its counted records are gone.
@@ -259,18 +188,18 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
         "000004": cr.StepStatus.SCHEDULED,
     }
     # on_stopped ran once for each; nothing resumed and no step ran.
-    assert Counter(e["job"] for e in read(events_file(scope, "stopped"))) == {
+    assert Counter(e["job"] for e in read_trace(events_file(scope, "stopped"))) == {
         stopped: 1,
         removing: 1,
     }
-    assert read(events_file(scope, "resumed")) == []
-    assert read(log) == []
+    assert read_trace(events_file(scope, "resumed")) == []
+    assert read_trace(log) == []
 
     # A later pass leaves the finalized stop alone: on_stopped does not run again.
     assert manager.rehydrate() == []
     wait_drained(scope, "left")
     time.sleep(1.0)
-    assert Counter(e["job"] for e in read(events_file(scope, "stopped"))) == {
+    assert Counter(e["job"] for e in read_trace(events_file(scope, "stopped"))) == {
         stopped: 1,
         removing: 1,
     }
@@ -291,7 +220,7 @@ def test_job_without_plan_fails_with_missing_step_plan_and_one_with_a_plan_conti
     jobs = connect(reconciliation_interval=0)
     manager = jobs.manager(scope, "preparing")
     log = str(tmp_path / "steps.jsonl")
-    no_plan = seed_job(
+    no_plan = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="preparing",
@@ -300,7 +229,7 @@ def test_job_without_plan_fails_with_missing_step_plan_and_one_with_a_plan_conti
         steps=[],
         has_plan=False,
     )
-    planned = seed_job(
+    planned = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="preparing",
@@ -341,7 +270,7 @@ def test_unimportable_job_type_is_failed_and_the_drain_goes_on(
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
     manager = jobs.manager(scope, "types")
     log = str(tmp_path / "steps.jsonl")
-    broken = seed_job(
+    broken = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="types",
@@ -351,7 +280,7 @@ def test_unimportable_job_type_is_failed_and_the_drain_goes_on(
         job_type="nope.missing:Job",
     )
     # One step succeeded before the cluster died (its record is gone), one was running.
-    good = seed_job(
+    good = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="types",
@@ -399,7 +328,7 @@ def test_drain_runs_at_most_max_concurrent_rehydration_resumes_oldest_first(
     random.Random(5).shuffle(order)  # stored in another order than created
     created: dict[int, str] = {}
     for n in order:
-        created[n] = seed_job(
+        created[n] = seed_recorded_job(
             storage_url,
             scope=scope,
             namespace="drain",
@@ -423,7 +352,7 @@ def test_drain_runs_at_most_max_concurrent_rehydration_resumes_oldest_first(
     assert stats["drained"] == oldest_first
     assert 2 <= stats["peak"] <= limit
 
-    hooks = read(events_file(scope, "resumed"))
+    hooks = read_trace(events_file(scope, "resumed"))
     assert sorted(h["job"] for h in hooks) == sorted(oldest_first)  # each resumed once
     # The peak overlap of resume hooks, from their own clocks.
     edges = sorted(
@@ -456,7 +385,7 @@ def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
     manager = jobs.manager(scope, "reload")
     log = str(tmp_path / "steps.jsonl")
     slow = [
-        seed_job(
+        seed_recorded_job(
             storage_url,
             scope=scope,
             namespace="reload",
@@ -468,7 +397,7 @@ def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
         )
         for n in range(3)
     ]
-    finished = seed_job(
+    finished = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="reload",
@@ -487,7 +416,7 @@ def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
         await storage.save_job(state.with_status(cr.JobStatus.COMPLETED_SUCCESSFULLY))
 
     in_storage(storage_url, complete)
-    assert not read(events_file(scope, "resumed")), "the first resume was not slow enough"
+    assert not read_trace(events_file(scope, "resumed")), "the first resume was not slow enough"
 
     stats = wait_drained(scope, "reload")
     assert stats["drained"] == slow
@@ -516,7 +445,7 @@ def test_killed_manager_comes_back_and_continues_its_drain(
     manager = jobs.manager(scope, "killed")
     log = str(tmp_path / "steps.jsonl")
     ids = [
-        seed_job(
+        seed_recorded_job(
             storage_url,
             scope=scope,
             namespace="killed",
@@ -530,7 +459,7 @@ def test_killed_manager_comes_back_and_continues_its_drain(
     ]
 
     assert manager.rehydrate() == ids
-    wait_until(lambda: read(events_file(scope, "resumed")), 60, "the first job to resume")
+    eventually(lambda: read_trace(events_file(scope, "resumed")), 60, "the first job to resume")
     actor = ray.get_actor(manager_name(scope, "killed"), namespace=RAY_NAMESPACE)
     ray.kill(actor, no_restart=False)
 
@@ -540,7 +469,7 @@ def test_killed_manager_comes_back_and_continues_its_drain(
     deadline = time.monotonic() + 25
     while time.monotonic() < deadline and set(statuses()) != {cr.JobStatus.COMPLETED_SUCCESSFULLY}:
         time.sleep(0.2)
-    resumed = [h["job"] for h in read(events_file(scope, "resumed"))]
+    resumed = [h["job"] for h in read_trace(events_file(scope, "resumed"))]
     assert statuses() == [cr.JobStatus.COMPLETED_SUCCESSFULLY] * len(ids), (
         f"statuses oldest first: {statuses()}; resumed: {[ids.index(j) for j in resumed]}"
     )
@@ -561,8 +490,10 @@ def test_killed_job_actor_restarts_and_adopts_its_running_steps(
     manager = jobs.manager(scope, "actor")
     log = str(tmp_path / "steps.jsonl")
     job = manager.start(RecordedJob, {"log": log, "steps": 6, "sleep": 2.0})
-    wait_until(
-        lambda: len([r for r in read(log) if r["event"] == "start"]) == 6, 30, "every step to start"
+    eventually(
+        lambda: len([r for r in read_trace(log) if r["event"] == "start"]) == 6,
+        30,
+        "every step to start",
     )
     ray.kill(ray.get_actor(f"job/{job.job_id}", namespace=RAY_NAMESPACE), no_restart=False)
     manager.rehydrate()
@@ -571,7 +502,7 @@ def test_killed_job_actor_restarts_and_adopts_its_running_steps(
     state = manager.wait(job.job_id, timeout=60)
     assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
     assert state.progress.successful_steps == 6
-    starts = Counter(r["step"] for r in read(log) if r["event"] == "start")
+    starts = Counter(r["step"] for r in read_trace(log) if r["event"] == "start")
     assert starts == {f"{i:06d}": 1 for i in range(6)}
 
 
@@ -593,7 +524,7 @@ def test_failing_key_provider_is_retried_with_backoff_while_the_catalog_keys_rec
         storage_url,
         lambda s: s.add_manager_key(cr.JobsManagerKey(scope=scope, namespace="catalog")),
     )
-    known = seed_job(
+    known = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="catalog",
@@ -601,7 +532,7 @@ def test_failing_key_provider_is_retried_with_backoff_while_the_catalog_keys_rec
         log=log,
         steps=[(0, cr.StepStatus.SCHEDULED)] * 2,
     )
-    provided = seed_job(
+    provided = seed_recorded_job(
         storage_url,
         scope=scope,
         namespace="provided",
@@ -623,12 +554,12 @@ def test_failing_key_provider_is_retried_with_backoff_while_the_catalog_keys_rec
     assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
     assert state.progress.successful_steps == 2
 
-    calls = [c["at"] for c in read(events_dir() / f"{token}.calls.jsonl")]
+    calls = [c["at"] for c in read_trace(events_dir() / f"{token}.calls.jsonl")]
     assert len(calls) == 3, calls  # failed, failed, then answered: never asked again
     # Retried after 1 s, then after 2 s.
     assert 0.9 <= calls[1] - calls[0] <= 1.9, calls
     assert 1.9 <= calls[2] - calls[1] <= 3.4, calls
-    resumed = {e["job"]: e["at"] for e in read(events_file(scope, "resumed"))}
+    resumed = {e["job"]: e["at"] for e in read_trace(events_file(scope, "resumed"))}
     # The catalog's job did not wait for the provider; the provided one resumed once it answered.
     assert resumed[known] < calls[2] < resumed[provided], (resumed, calls)
     assert ran(log, known) == {"000000": 1, "000001": 1}
