@@ -1,61 +1,126 @@
-"""Step-host placement: `step-host/{node_id}/{n}` pinned to each alive node, one per CPU slot
-by default (`JobsOptions.step_hosts_per_node`), and dedicated step actors."""
+"""Step hosts as a job activation sees them (`core.hosts.Hosts`): `step-host/{node_id}/{n}`
+pinned to each alive node, one per CPU slot by default (`JobsOptions.step_hosts_per_node`), and
+dedicated step actors. Every Ray call a job activation makes to a host is made here."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.membership import alive_cpu_nodes
+from choreography_ray.runtime.membership import alive_cpu_nodes, alive_nodes
+from choreography_ray.runtime.messages import StepStart, starts_to_wire
 from choreography_ray.runtime.names import actor_options, step_actor_name, step_host_name
 from choreography_ray.runtime.step_host import StepHost
+from choreography_ray.types import import_type
+
+log = logging.getLogger(__name__)
 
 
-class HostPool:
+class RayHosts:
     def __init__(self, storage_url: str, options: JobsOptions, namespace: str) -> None:
         self.context = (storage_url, options.model_dump_json())
         self._args = (namespace, options.step_host_capacity)
         self._options = options
         self._namespace = namespace
-        self.hosts: dict[str, Any] = {}
-        self._names: list[str] = []
+        self.handles: dict[str, Any] = {}
+        self._shared: list[str] = []
         self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
 
-    def refresh(self) -> None:
+    async def refresh(self) -> None:
         """Creates (or finds) the hosts of every alive node; forgets those of dead nodes."""
-        hosts: dict[str, Any] = {}
-        for node_id, cpus in alive_cpu_nodes().items():
+        self._build(await asyncio.to_thread(alive_cpu_nodes))
+
+    def _build(self, nodes: dict[str, int]) -> None:
+        shared: dict[str, Any] = {}
+        for node_id, cpus in nodes.items():
             for index in range(self._options.step_hosts_per_node or cpus):
                 name = step_host_name(node_id, index)
-                hosts[name] = self.hosts.get(name) or StepHost.options(  # type: ignore[attr-defined]
+                shared[name] = self.handles.get(name) or StepHost.options(  # type: ignore[attr-defined]
                     **actor_options(
                         name,
                         self._namespace,
                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                     )
                 ).remote(*self._args)
-        self.hosts = hosts
-        self._names = list(hosts)
+        dedicated = {n: h for n, h in self.handles.items() if not n.startswith("step-host/")}
+        self.handles = {**dedicated, **shared}
+        self._shared = list(shared)
 
-    def next(self) -> tuple[str, Any]:
-        if not self._names:
-            self.refresh()
-        name = self._names[self._turn % len(self._names)]
+    def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
+        if dedicated:
+            step_type = import_type(start.type, self._options.allowed_type_prefixes)
+            name = step_actor_name(job_id, start.step_id)
+            self.handles[name] = StepHost.options(  # type: ignore[attr-defined]
+                **actor_options(name, self._namespace, **getattr(step_type, "actor_options", {}))
+            ).remote(*self._args)
+            return name
+        if not self._shared:
+            # The first placement of an activation: one read of the node table.
+            self._build(alive_cpu_nodes())
+            if not self._shared:
+                raise RuntimeError("no alive Ray node to host steps")
+        name = self._shared[self._turn % len(self._shared)]
         self._turn += 1
-        return name, self.hosts[name]
+        return name
 
-    def dedicated(self, job_id: str, step_id: str, options: dict[str, Any]) -> tuple[str, Any]:
-        name = step_actor_name(job_id, step_id)
-        handle = StepHost.options(  # type: ignore[attr-defined]
-            **actor_options(name, self._namespace, **options)
-        ).remote(*self._args)
-        return name, handle
+    async def start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
+        await self.handles[host].start_steps.remote(job_id, self.context, starts_to_wire(batch))
 
-    def kill_dedicated(self, job_id: str, step_id: str) -> None:
-        with contextlib.suppress(ValueError):
-            name = step_actor_name(job_id, step_id)
-            ray.kill(ray.get_actor(name, namespace=self._namespace), no_restart=True)
+    async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
+        handles = [self.handles[h] for h in hosts if h in self.handles]
+        answers = await asyncio.gather(
+            *(h.cancel_steps.remote(job_id, removing) for h in handles), return_exceptions=True
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                log.warning("job %s: telling a host to stop its steps failed: %s", job_id, answer)
+
+    async def running(self, job_id: str) -> dict[str, str]:
+        await self.refresh()
+        names = list(self.handles)
+        answers = await asyncio.gather(
+            *(self.handles[n].running_steps.remote(job_id) for n in names),
+            return_exceptions=True,
+        )
+        return {
+            step_id: name
+            for name, answer in zip(names, answers, strict=True)
+            if isinstance(answer, list)
+            for step_id in answer
+        }
+
+    async def watch(self, host: str) -> None:
+        handle = self.handles.get(host)
+        if handle is not None:
+            await handle.watch.remote()
+
+    def release(self, host: str) -> None:
+        handle = self.handles.pop(host, None)
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+    async def activation_gone(self, activation: str) -> bool:
+        return await asyncio.to_thread(activation_gone, activation)
+
+    async def active_silos(self) -> set[str]:
+        return await asyncio.to_thread(alive_nodes)
+
+
+def activation_gone(activation: str) -> bool:
+    """The hosting actor is dead, or alive in another process (a restart lost its steps)."""
+    from ray.util.state import get_actor
+
+    actor_id, _, pid = activation.partition(":")
+    try:
+        info = get_actor(actor_id)
+    except Exception:  # the state API is unavailable: do not declare anybody gone
+        return False
+    return info is None or info.state == "DEAD" or (bool(pid) and str(info.pid) != pid)

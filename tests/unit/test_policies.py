@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 import choreography_ray as cr
 from choreography_ray.runtime.messages import Outcome, StepStart
-from choreography_ray.runtime.retries import RetryDecision, RetrySchedule, decide
-from choreography_ray.runtime.watchdog import HookBackoff
+from choreography_ray.core.retries import RetryDecision, RetrySchedule, decide
+from choreography_ray.core.watchdog import HookBackoff
 
 pytestmark = pytest.mark.timeout(10)
 

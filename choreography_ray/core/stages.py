@@ -1,11 +1,20 @@
-"""Stages: the plan's stage layout, per-stage counters, and the recount from storage."""
+"""Stages: the plan's stage layout, per-stage counters, the recount from storage, and what a
+finished stage leads to.
+
+Stages run in the order of their value (gaps are harmless). A stage is a barrier by default: if
+any of its steps failed, the steps of every later stage become UNREACHABLE and the job ends
+with failures; a stage whose `get_failure_behavior_for` is CONTINUE_WITH_NEXT_STAGE lets the
+next one start. Each stage is admitted (`admit_stage`) before it starts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from choreography_ray.job import Job
 from choreography_ray.model import JobProgress, StageProgress
-from choreography_ray.status import StepStatus
+from choreography_ray.status import JobStageFailureBehavior, StepStatus
 from choreography_ray.storage import StatusCounts
 
 
@@ -112,3 +121,23 @@ class Stages:
 
 #: Stored statuses of a step that has not reached an outcome yet.
 UNFINISHED = (StepStatus.RUNNING, StepStatus.SCHEDULED, StepStatus.STOPPED, StepStatus.REMOVING)
+
+
+@dataclass(frozen=True, slots=True)
+class AfterStage:
+    """What a finished stage leads to: the next stage to begin, or completion (with the later
+    stages to mark UNREACHABLE first)."""
+
+    next_stage: int | None
+    unreachable: tuple[int, ...] = ()
+
+
+def after_stage(stages: Stages, stage: int, job: Job[Any]) -> AfterStage:
+    later = stages.after(stage)
+    if not later:
+        return AfterStage(None)
+    if stages[stage].has_failures and (
+        job.get_failure_behavior_for(stage) is JobStageFailureBehavior.STOP_JOB
+    ):
+        return AfterStage(None, tuple(later))
+    return AfterStage(later[0])

@@ -1,20 +1,49 @@
-"""Step retries: the decision and the schedule, kept in the job actor's memory.
+"""Backoff for every retry loop, and step retries: the decision and the schedule.
 
-The schedule is not durable: after the job actor is reactivated, a failed attempt that was
-waiting for its retry is final (the spec's caution). While the resume hook is owed, due attempts
-wait; a stop or removal counts pending attempts as failed.
+`Backoff` is the one helper behind outcome delivery, the removal finish, recovery retries, start
+retries and step retries: `first`, doubling up to `longest`.
+
+The step retry schedule is kept in the job activation's memory, not durably: after the job is
+reactivated, a failed attempt that was waiting for its retry counts as final (the spec's
+caution). While the resume hook is owed, due attempts wait; a stop or removal counts pending
+attempts as failed.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 from choreography_ray.job import Job
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import StepStatus
 from choreography_ray.step import StepResult
+
+FAILED_STATUSES = (StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Seconds before retry `n` (1-based): `first`, doubling, never more than `longest`."""
+
+    first: float
+    longest: float
+
+    @classmethod
+    def of(cls, first: timedelta, longest: timedelta) -> Backoff:
+        return cls(first.total_seconds(), longest.total_seconds())
+
+    def delay(self, n: int) -> float:
+        if n <= 1:
+            return min(self.first, self.longest)
+        return min(self.first * 2.0 ** min(n - 1, 62), self.longest)
+
+
+#: Start operations that threw, removal finishes, recovery retries: 1 s doubling to 60 s.
+STANDARD = Backoff(1.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +54,7 @@ class RetryDecision:
     delay: float = 0.0
 
 
-def decide(job: Job[object], options: JobsOptions, outcome: Outcome) -> RetryDecision:  # type: ignore[type-var]
+def decide(job: Job[Any], options: JobsOptions, outcome: Outcome) -> RetryDecision:
     if outcome.attempt >= options.effective_max_step_attempts:
         return RetryDecision(retry=False)
     result = StepResult(success=False, message=outcome.message)
@@ -62,6 +91,3 @@ class RetrySchedule:
         starts = [start for _, start in self.pending.values()]
         self.pending.clear()
         return starts
-
-
-FAILED_STATUSES = (StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE)

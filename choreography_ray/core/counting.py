@@ -1,0 +1,102 @@
+"""Counted outcomes: each step's outcome counts once per execution, and across activations.
+
+After a resume or RetryFailedSteps reopens an execution, the job records the identities of the
+steps whose outcome it counted (`CompletedStepsCounted`) and, always, those whose stop it counted
+(`StoppedStepsCounted`). A stop from an earlier execution is taken back when the step's outcome
+then counts. New records and take-backs are buffered and written with the next save, before the
+job record, so a saved count never runs ahead of its records.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from choreography_ray.storage import CountedKind, Storage
+
+log = logging.getLogger(__name__)
+
+#: Counted-step records past which the job warns (and keeps recording), as the spec does.
+COUNTED_WARNING_THRESHOLD = 100_000
+
+
+class Counting:
+    def __init__(self) -> None:
+        #: Whether outcomes are recorded (the job resumed or reopened at least once).
+        self.records = False
+        self.counted: set[str] = set()
+        self.stopped: set[str] = set()
+        self._new: dict[CountedKind, list[str]] = {
+            CountedKind.COMPLETED: [],
+            CountedKind.STOPPED: [],
+        }
+        self._removed: dict[CountedKind, set[str]] = {
+            CountedKind.COMPLETED: set(),
+            CountedKind.STOPPED: set(),
+        }
+
+    @property
+    def unsaved(self) -> bool:
+        return any(self._new.values()) or any(self._removed.values())
+
+    async def load(self, storage: Storage, job_id: str, records: bool) -> None:
+        self.records = records
+        if records:
+            self.counted = set(await storage.list_counted(job_id, CountedKind.COMPLETED))
+        self.stopped = set(await storage.list_counted(job_id, CountedKind.STOPPED))
+
+    def count_stop(self, step_id: str) -> bool:
+        """Records a stop; False when this step's stop is counted already."""
+        if step_id in self.stopped:
+            return False
+        self.stopped.add(step_id)
+        self._add(CountedKind.STOPPED, step_id)
+        return True
+
+    def take_back_stop(self, step_id: str) -> bool:
+        """Takes back the stop of an earlier execution; False when there was none."""
+        if step_id not in self.stopped:
+            return False
+        self.stopped.discard(step_id)
+        self._remove(CountedKind.STOPPED, step_id)
+        return True
+
+    def is_counted(self, step_id: str) -> bool:
+        return step_id in self.counted
+
+    def count_outcome(self, step_id: str) -> None:
+        if not self.records:
+            return
+        self.counted.add(step_id)
+        self._add(CountedKind.COMPLETED, step_id)
+        if len(self.counted) == COUNTED_WARNING_THRESHOLD:
+            log.warning(
+                "a job has %d counted-step records; recording goes on", COUNTED_WARNING_THRESHOLD
+            )
+
+    def uncount_outcome(self, step_id: str) -> None:
+        """A counted failure runs again (RetryFailedSteps): its record goes."""
+        self.counted.discard(step_id)
+        self._remove(CountedKind.COMPLETED, step_id)
+
+    def _add(self, kind: CountedKind, step_id: str) -> None:
+        self._removed[kind].discard(step_id)
+        self._new[kind].append(step_id)
+
+    def _remove(self, kind: CountedKind, step_id: str) -> None:
+        self._removed[kind].add(step_id)
+
+    async def flush(self, storage: Storage, job_id: str) -> None:
+        """Writes the buffered records and take-backs; on failure they stay buffered."""
+        for kind in CountedKind:
+            new, self._new[kind] = self._new[kind], []
+            removed, self._removed[kind] = self._removed[kind], set()
+            try:
+                for step_id in removed:
+                    await storage.remove_counted(job_id, kind, step_id)
+                added = [s for s in new if s not in removed]
+                if added:
+                    await storage.add_counted(job_id, kind, added)
+            except Exception:
+                self._new[kind][:0] = new
+                self._removed[kind] |= removed
+                raise

@@ -1,0 +1,38 @@
+"""What a job activation needs from the step hosts: the interface the Ray shell implements
+(`runtime/hosts.py`) and the unit tests fake. Every method may raise when a host is gone."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+from choreography_ray.runtime.messages import StepStart
+
+
+class Hosts(Protocol):
+    def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
+        """The host that will run this step: the next shared host, or the step's own actor."""
+
+    async def start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
+        """Hands a batch to a host; returns once the host has stored it RUNNING."""
+
+    async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
+        """Tells every running step of the job on these hosts to stop."""
+
+    async def running(self, job_id: str) -> dict[str, str]:
+        """The job's steps running on live hosts: step id -> host."""
+
+    async def watch(self, host: str) -> None:
+        """Returns (or raises) once the host is gone."""
+
+    def release(self, host: str) -> None:
+        """A dedicated step's actor is done with."""
+
+    async def refresh(self) -> None:
+        """Learns the hosts of the nodes alive now."""
+
+    async def activation_gone(self, activation: str) -> bool:
+        """Whether a lease's hosting actor is dead (or a new incarnation)."""
+
+    async def active_silos(self) -> set[str]:
+        """The Ray node ids that are alive."""

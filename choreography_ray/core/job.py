@@ -1,0 +1,1012 @@
+"""`JobCore`: one job's activation, one turn at a time.
+
+Every operation that changes the activation runs as a turn (`turns.py`): start (in three turns:
+prepare, first stage, running), a batch of reports, stop, resume, recover, remove, retry-failed,
+a watchdog tick, a pump step, a save, a start operation's answer, a host's loss. Hooks
+(`prepare_steps`, `admit_stage`, `on_before_resuming_job_steps`, `on_stopped`, `on_completed`)
+run inside the turn that needs them. A start operation is a command: the turn hands the batch to
+a host in a named task and the host's answer comes back as a turn of its own, so reports are
+never held behind a start. See docs/decisions.md.
+
+The job's storage record is the truth and its counters are a cache. An outcome counts once per
+(step, attempt): only while its step is active at that attempt here, and once the job records
+counted steps (after a resume or reopen), never twice across activations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from choreography_ray.core import leases, resuming, stopping
+from choreography_ray.core.counting import Counting
+from choreography_ray.core.hosts import Hosts
+from choreography_ray.core.resuming import Recover, Resume
+from choreography_ray.core.retries import FAILED_STATUSES, STANDARD, RetrySchedule, decide
+from choreography_ray.core.stages import UNFINISHED, Stages, after_stage
+from choreography_ray.core.transitions import check_transition
+from choreography_ray.core.turns import Supervisor, Turns
+from choreography_ray.core.watchdog import HookBackoff, lost_reports, stage_done_in_storage
+from choreography_ray.core.window import Window
+from choreography_ray.errors import (
+    CannotResumeJobError,
+    ChoreographyError,
+    ConcurrencyError,
+    JobOperationError,
+    RemoveJobError,
+    ResumeJobError,
+    RetryFailedStepsError,
+    StartJobError,
+    StopJobError,
+)
+from choreography_ray.job import Job, StepSpec
+from choreography_ray.model import JobState, StatusChange
+from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.messages import Outcome, StepStart
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.step import JobStep
+from choreography_ray.storage import PlannedStep, StepUpdate, Storage, step_pages
+from choreography_ray.types import import_type
+
+log = logging.getLogger(__name__)
+
+#: Plan records written per insert.
+PLAN_CHUNK = 50_000
+
+
+class JobCore:
+    def __init__(
+        self,
+        job_id: str,
+        storage: Storage,
+        hosts: Hosts,
+        options: JobsOptions,
+        on_exit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.job_id = job_id
+        self.storage = storage
+        self.hosts = hosts
+        self.options = options
+        self.on_exit = on_exit
+        self.turns = Turns()
+        self.tasks = Supervisor(f"job {job_id}")
+        self.state: JobState | None = None
+        self.job: Job[Any] | None = None
+        self.stages = Stages([])
+        self.window = Window(options)
+        self.counting = Counting()
+        self.retries = RetrySchedule()
+        self.hook_backoff = HookBackoff()
+        #: This activation drives the job: it may start steps (set by start and resume).
+        self.live = False
+        self.hook_owed = False
+        self.awaiting_admission: int | None = None
+        self.exit_requested = False
+        self.ticks = 0
+        #: The first run's steps, by stage (a resume reads them from storage instead).
+        self._plan: dict[int, list[StepStart]] = {}
+        self._dirty = False
+        self._dedicated: dict[str, bool] = {}  # step type path -> dedicated
+        self._watched: set[str] = set()
+        #: Timers by name (monotonic due time): start retries, admission, step retries, finish.
+        self._due: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        #: A terminal status decided (hooks ran) but not saved yet: saved before anything else.
+        self._owed: tuple[JobStatus, str | None, str | None] | None = None
+        self._completed_hook_ran = False
+        self._stopped_hook_ran = False
+        self._first_stage_failed = 0
+        self._wake = asyncio.Event()
+        self._loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- activation ---------------------------------------------------------------------------
+
+    async def activate(self, reconstructed: bool) -> None:
+        try:
+            async with self.turns.turn("activate"):
+                await self._load()
+        except Exception as error:
+            # Calls get the error; the actor goes (rehydration or reconciliation brings a job
+            # that can still run back).
+            self._loaded.set_exception(error)
+            self._loaded.exception()  # retrieved: the calls that wait see it
+            self._request_exit()
+            return
+        self._loaded.set_result(None)
+        if self.state is None:
+            self._request_exit()
+            return
+        self.tasks.repeat("pump", self._next_kick, self._pump, STANDARD)
+        every = self.options.progress_save_interval.total_seconds()
+        self.tasks.repeat("save", lambda: asyncio.sleep(every), self._save_progress, STANDARD)
+        interval = self.options.watchdog_seconds
+        if interval is not None:
+            # The first tick comes soon after activation, then one every interval.
+            delays = iter([min(interval, 1.0)])
+
+            async def next_tick() -> None:
+                await asyncio.sleep(next(delays, interval))
+
+            self.tasks.repeat("watchdog", next_tick, self.watchdog_tick, STANDARD)
+        if reconstructed:
+            # A restarted actor carries on from storage: that is reactivation.
+            try:
+                await self.recover()
+            except Exception:
+                log.exception("job %s: recovering on reactivation failed", self.job_id)
+
+    async def _load(self) -> None:
+        self.state = await self.storage.get_job(self.job_id)
+        if self.state is None:
+            return
+        self.stages = Stages.from_progress(self.state.progress)
+        try:
+            job_type = import_type(self.state.type, self.options.allowed_type_prefixes)
+            job = job_type()
+            if not isinstance(job, Job):
+                raise TypeError(f"{self.state.type} is not a choreography_ray.Job")
+        except Exception as error:
+            message = f"cannot load job type {self.state.type!r}: {error}"
+            log.error("job %s: %s", self.job_id, message)
+            if not self.state.status.is_terminal and self.state.status is not JobStatus.REMOVING:
+                await self._save((JobStatus.FAILED, (message,)), error=message)
+            raise ChoreographyError(message) from error
+        job.job_id, job.scope, job.namespace, job.options = (
+            self.job_id,
+            self.state.scope,
+            self.state.namespace,
+            self.options,
+        )
+        self.job = job
+        self.window.configure(job.max_active_steps)
+        await self.counting.load(self.storage, self.job_id, self.state.records_counted_steps)
+
+    async def ready(self) -> JobState:
+        """The state, once loaded: a read-only query, beside turns."""
+        await asyncio.shield(self._loaded)
+        if self.state is None:
+            raise JobOperationError(ResumeJobError.UNKNOWN, f"job {self.job_id} does not exist")
+        return self.state
+
+    def _request_exit(self) -> None:
+        self.exit_requested = True
+        self.on_exit()
+
+    def close(self) -> None:
+        self.tasks.cancel_all()
+
+    # -- start --------------------------------------------------------------------------------
+
+    async def start(self) -> StartJobError | None:
+        await self.ready()
+        async with self.turns.turn("start: prepare"):
+            error = await self._prepare()
+            if error is not None:
+                return error
+        async with self.turns.turn("start: first stage"):
+            state = self._state
+            if state.status is not JobStatus.PREPARING_STEPS or not self.live:
+                return None  # stopped or removed while it prepared: nothing starts
+            try:
+                await self._set_status(JobStatus.STARTING_STEPS)
+                wave = await self._begin_stage(self.stages.first(), first_run=True)
+            except Exception:
+                # The plan is stored: the watchdog (or a rehydration) finishes startup.
+                self.live = False
+                raise
+        answers = await asyncio.gather(*wave)
+        async with self.turns.turn("start: running"):
+            if self._state.status is JobStatus.STARTING_STEPS:
+                await self._set_status(JobStatus.RUNNING)
+                # A first stage whose steps all failed to start is done: on to the next.
+                await self._check_stage()
+            self._kick()
+            return self._start_error(answers)
+
+    async def _prepare(self) -> StartJobError | None:
+        state = self._state
+        if state.status is not JobStatus.PREPARING_JOB or state.has_plan or self.live:
+            return StartJobError.JOB_ALREADY_EXISTS
+        job = self._job
+        self.live = True
+        try:
+            request = job.request_type().model_validate(state.request)
+            specs = job.prepare_steps(request)
+            if inspect.isawaitable(specs):
+                specs = await specs
+            specs = list(specs)
+            if not all(isinstance(s, StepSpec) for s in specs):
+                raise TypeError("prepare_steps must return steps made by create_step")
+        except Exception as error:
+            await self._fail(error)
+            return StartJobError.COULD_NOT_PREPARE_STEPS
+        try:
+            await self._persist_plan(specs)
+        except Exception as error:
+            log.exception("job %s: could not persist its plan", self.job_id)
+            await self._fail(error)
+            return StartJobError.COULD_NOT_PERSIST
+        return None
+
+    async def _persist_plan(self, specs: list[StepSpec]) -> None:
+        width = max(6, len(str(len(specs))))
+        records: list[PlannedStep] = []
+        totals: dict[int, int] = {}
+        plan: dict[int, list[StepStart]] = {}
+        for index, spec in enumerate(specs):
+            step_id = f"{index:0{width}d}"
+            request = spec.request.model_dump_json()
+            records.append(PlannedStep(step_id, spec.step_type, spec.stage, request))
+            plan.setdefault(spec.stage, []).append(
+                StepStart(step_id, spec.step_type, spec.stage, 1, request)
+            )
+            totals[spec.stage] = totals.get(spec.stage, 0) + 1
+        for offset in range(0, len(records), PLAN_CHUNK):
+            await self.storage.insert_plan(self.job_id, records[offset : offset + PLAN_CHUNK])
+        stages = Stages.from_totals(totals)
+        self.state = self._state.model_copy(
+            update={"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
+        )
+        self.stages = stages
+        await self._set_status(JobStatus.PREPARING_STEPS)
+        self._plan = plan
+
+    def _start_error(self, answers: list[bool]) -> StartJobError | None:
+        """The first stage's start error: no step of it started, or some did not."""
+        if self._first_stage_failed == 0 and all(answers):
+            return None
+        if any(answers):
+            return StartJobError.FAILED_STARTING_SOME_JOB_STEPS
+        first = self.stages.first()
+        moved_on = self._state.stage != first and not self._state.status.is_terminal
+        # A first stage that continues on failure while a later stage starts: the job runs.
+        return (
+            StartJobError.FAILED_STARTING_SOME_JOB_STEPS
+            if moved_on
+            else StartJobError.FAILED_STARTING_ALL_JOB_STEPS
+        )
+
+    # -- stages -------------------------------------------------------------------------------
+
+    async def _begin_stage(self, stage: int, first_run: bool = False) -> list[asyncio.Future[bool]]:
+        """Asks admission, then starts the stage's steps. Returns the futures of the first
+        wave of start operations when `first_run` (what `start` waits for)."""
+        if not self.stages.counters:
+            await self._complete()
+            return []
+        try:
+            admitted = await self._job.admit_stage(stage)
+        except Exception as error:
+            log.warning(
+                "job %s: admit_stage(%s) failed: %s; asking again", self.job_id, stage, error
+            )
+            self._arm("admission")
+            admitted = False
+        if not admitted:
+            self.awaiting_admission = stage
+            return []
+        self.awaiting_admission = None
+        self._clear("admission")
+        counter = self.stages[stage]
+        counter.is_started = True
+        self.state = self._state.model_copy(update={"stage": stage})
+        self._dirty = True
+        starts = self._plan.pop(stage, None)
+        if starts is None:
+            starts = await self._adopt_running(await self._stored_unfinished(stage))
+        self.window.pending.extend(starts)
+        if first_run:
+            self._first_stage_failed = 0
+            return await self._fill(count_failures=True)
+        if not starts and not self.window.active and counter.is_completed:
+            await self._stage_done(stage)
+        return []
+
+    async def _stored_unfinished(self, stage: int) -> list[StepStart]:
+        """The stage's unfinished steps from storage, the ones that were running first."""
+        running: list[StepStart] = []
+        others: list[StepStart] = []
+        async for page in step_pages(self.storage, self.job_id, statuses=UNFINISHED, stage=stage):
+            for s in page:
+                start = StepStart(
+                    s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request)
+                )
+                (running if s.status is StepStatus.RUNNING else others).append(start)
+        return running + others
+
+    async def _adopt_running(self, starts: list[StepStart]) -> list[StepStart]:
+        """Steps still running on a live host become active here again instead of being
+        started twice; returns the others."""
+        host_of = await self.hosts.running(self.job_id)
+        rest: list[StepStart] = []
+        for start in starts:
+            host = host_of.get(start.step_id)
+            if host is None:
+                rest.append(start)
+            else:
+                self.window.active[start.step_id] = (start, host)
+                self._watch(host)
+        return rest
+
+    async def _stage_done(self, stage: int) -> None:
+        if self._state.stage != stage or self._state.status is not JobStatus.RUNNING:
+            return  # another turn moved on already
+        after = after_stage(self.stages, stage, self._job)
+        if after.unreachable:
+            await self._mark_unreachable(after.unreachable)
+        if after.next_stage is not None:
+            await self._begin_stage(after.next_stage)
+            self._kick()
+            return
+        await self._complete()
+
+    async def _mark_unreachable(self, stages: tuple[int, ...]) -> None:
+        unreachable = StepStatus.UNREACHABLE
+        for stage in stages:
+            self._plan.pop(stage, None)
+            async for page in step_pages(self.storage, self.job_id, stage=stage):
+                await self.storage.update_steps(
+                    [
+                        StepUpdate(self.job_id, s.step_id, unreachable, s.attempt)
+                        for s in page
+                        if s.status is not unreachable
+                    ]
+                )
+            counter = self.stages[stage]
+            counter.unreachable = counter.total - counter.successful - counter.failed
+
+    async def _complete(self) -> None:
+        if self._state.status.is_terminal:
+            return
+        status = (
+            JobStatus.COMPLETED_WITH_FAILURES
+            if self.stages.progress().has_failures
+            else JobStatus.COMPLETED_SUCCESSFULLY
+        )
+        if not self._completed_hook_ran:
+            try:
+                await self._job.on_completed()
+            except Exception as error:
+                await self._fail(error)
+                return
+            self._completed_hook_ran = True
+        await self._finish_with(status)
+
+    async def _fail(self, error: BaseException) -> None:
+        """A job hook threw: the job is FAILED with the message, and its actor exits."""
+        await self._finish_with(JobStatus.FAILED, describe(error))
+
+    async def _finish_with(
+        self, status: JobStatus, message: str | None = None, error: str | None = None
+    ) -> None:
+        """Saves a terminal status (`error`, else `message`, as the job's error); if the save
+        fails, the pump saves it before anything else, and the hooks do not run again."""
+        self.live = False
+        self._owed = (status, message, error or message)
+        await self._save_owed()
+
+    async def _save_owed(self) -> None:
+        assert self._owed is not None
+        status, message, error = self._owed
+        messages = () if message is None else (message,)
+        await self._set_status(status, *messages, error=error)
+        self._owed = None
+        self._request_exit()
+
+    # -- the window ---------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    async def _next_kick(self) -> None:
+        await self._wake.wait()
+        self._wake.clear()
+
+    async def _pump(self) -> None:
+        async with self.turns.turn("pump"):
+            await self._advance()
+
+    async def _advance(self) -> None:
+        """Starts what may start and moves on when the stage is done."""
+        if self._owed is not None:
+            await self._save_owed()
+            return
+        if self._is_due("finish"):
+            await self._finish_stop_when_reported()
+        if not self.live or self.hook_owed or self.state is None:
+            return
+        if self.state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
+            return
+        if self._is_due("starts"):
+            self.window.retry_failed_starts()
+        if self._is_due("admission") and self.awaiting_admission is not None:
+            await self._begin_stage(self.awaiting_admission)
+        self._is_due("retries")  # re-armed below for the next one
+        due = self.retries.take_due()
+        if due:
+            self.window.requeue(due)
+        if self.retries.pending:
+            self._arm("retries", self.retries.next_due_in() or 0.0)
+        await self._fill()
+        if self.state.status is JobStatus.RUNNING:
+            await self._check_stage()
+
+    async def _fill(self, count_failures: bool = False) -> list[asyncio.Future[bool]]:
+        """Hands pending steps to hosts while the window and the throttle allow. A step whose
+        type cannot be loaded fails to start: it is recorded FAILED and counted."""
+        answers: list[asyncio.Future[bool]] = []
+        while self.live and (batch := self.window.next_batch()):
+            shared: list[StepStart] = []
+            cannot: list[tuple[StepStart, str]] = []
+            for start in batch:
+                try:
+                    dedicated = self._is_dedicated(start.type)
+                except Exception as error:
+                    cannot.append((start, describe(error)))
+                    continue
+                if dedicated:
+                    host = self.hosts.place(self.job_id, start, dedicated=True)
+                    answers.append(self._send(host, [start]))
+                else:
+                    shared.append(start)
+            if shared:
+                host = self.hosts.place(self.job_id, shared[0], dedicated=False)
+                answers.append(self._send(host, shared))
+            if cannot:
+                if count_failures:
+                    self._first_stage_failed += len(cannot)
+                await self._cannot_start(cannot)
+        return answers
+
+    async def _cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:
+        await self.storage.update_steps(
+            [
+                StepUpdate(
+                    self.job_id,
+                    start.step_id,
+                    StepStatus.FAILED,
+                    start.attempt,
+                    change=StatusChange(status=StepStatus.FAILED, exception_messages=(why,)),
+                )
+                for start, why in failures
+            ]
+        )
+        for start, why in failures:
+            log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why)
+            self._settle(start, Outcome(start.step_id, start.attempt, StepStatus.FAILED, why))
+
+    def _is_dedicated(self, type_path: str) -> bool:
+        dedicated = self._dedicated.get(type_path)
+        if dedicated is None:
+            step_type = import_type(type_path, self.options.allowed_type_prefixes)
+            if not issubclass(step_type, JobStep):
+                raise TypeError(f"{type_path} is not a choreography_ray.JobStep")
+            dedicated = self._dedicated[type_path] = bool(step_type.dedicated)
+        return dedicated
+
+    def _send(self, host: str, batch: list[StepStart]) -> asyncio.Future[bool]:
+        """The start operation as a command: its answer comes back as a turn."""
+        self.window.started(batch, host)
+        answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        async def send() -> None:
+            error: Exception | None = None
+            try:
+                await self.hosts.start(host, self.job_id, batch)
+            except Exception as failure:
+                error = failure
+            try:
+                async with self.turns.turn(f"start answered by {host}"):
+                    await self._answered(host, batch, error)
+            finally:
+                if not answered.done():
+                    answered.set_result(error is None)
+
+        self.tasks.spawn(f"start {len(batch)} steps on {host}", send())
+        return answered
+
+    async def _answered(self, host: str, batch: list[StepStart], error: Exception | None) -> None:
+        self.window.answered(batch, error is None)
+        self._kick()
+        if error is not None:
+            failures = self._failures["starts"] = self._failures.get("starts", 0) + 1
+            log.warning(
+                "job %s: starting %d steps on %s failed (%d in a row): %s",
+                self.job_id,
+                len(batch),
+                host,
+                failures,
+                error,
+            )
+            self._arm("starts", STANDARD.delay(failures))
+            return
+        self._failures.pop("starts", None)
+        self._watch(host)
+        if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
+            # The stop reached this host before these steps did: tell them again.
+            await self.hosts.cancel([host], self.job_id, self._state.status is JobStatus.REMOVING)
+
+    def _watch(self, host: str) -> None:
+        """Learns that a host died from its watch call ending."""
+        if host in self._watched:
+            return
+        self._watched.add(host)
+
+        async def watch() -> None:
+            try:
+                await self.hosts.watch(host)
+            except Exception as error:
+                log.info("job %s: host %s is gone: %s", self.job_id, host, error)
+            async with self.turns.turn(f"host {host} gone"):
+                self._watched.discard(host)
+                lost = self.window.on_host(host)
+                if lost and self.options.lease_seconds is None:
+                    log.warning(
+                        "job %s: host %s died with %d steps; starting them again",
+                        self.job_id,
+                        host,
+                        len(lost),
+                    )
+                    self.window.requeue(lost)
+                await self.hosts.refresh()
+            self._kick()
+
+        self.tasks.spawn(f"watch {host}", watch())
+
+    async def _check_stage(self) -> None:
+        stage = self._state.stage
+        if not self._idle():
+            return
+        if not self.stages[stage].is_completed:
+            # Nothing runs, yet the counters miss outcomes (reports refused while the job was
+            # reactivating, or lost): storage decides, now rather than at the next tick.
+            counts = await self.storage.count_by_status(self.job_id)
+            if not stage_done_in_storage(counts, stage):
+                return
+            self.stages.recount(counts)
+        await self._stage_done(stage)
+
+    def _idle(self) -> bool:
+        """No step of the running stage is active, waiting to start, or waiting to retry."""
+        window = self.window
+        return (
+            not window.active and not window.pending and not window.start_failed
+            and not self.retries.pending and self.awaiting_admission is None
+            and self._state.stage in self.stages.counters
+        )  # fmt: skip
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _arm(self, name: str, delay: float | None = None) -> None:
+        """Kicks the pump once `name` is due (after `delay`, else the standard backoff)."""
+        if delay is None:
+            if name in self._due:
+                return
+            failures = self._failures[name] = self._failures.get(name, 0) + 1
+            delay = STANDARD.delay(failures)
+        due = time.monotonic() + delay
+        if self._due.get(name, due + 1) <= due:
+            return
+        self._due[name] = due
+        asyncio.get_running_loop().call_later(delay, self._kick)
+
+    def _is_due(self, name: str) -> bool:
+        due = self._due.get(name)
+        if due is None or due > time.monotonic():
+            return False
+        del self._due[name]
+        return True
+
+    def _clear(self, name: str) -> None:
+        self._due.pop(name, None)
+        self._failures.pop(name, None)
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def report_outcomes(self, outcomes: list[Outcome]) -> None:
+        await self.ready()
+        async with self.turns.turn("report"):
+            for outcome in outcomes:
+                self.accept(outcome)
+            finished = self.live or bool(self.window.active)
+            if not finished:
+                finished = await self._finish_stop_when_reported()
+            if not finished and self._state.status is JobStatus.REMOVING:
+                # The step's next report runs the finish again (the timer also retries it).
+                raise RuntimeError(
+                    f"finishing the removal of job {self.job_id} failed; report again"
+                )
+        self._kick()
+
+    def accept(self, outcome: Outcome) -> bool:
+        """Counts an outcome once per (step, attempt); False when it was not counted."""
+        entry = self.window.take(outcome.step_id, outcome.attempt)
+        if entry is None:
+            return False
+        start, host = entry
+        if self._dedicated.get(start.type):
+            self.hosts.release(host)
+        return self._settle(start, outcome)
+
+    def _settle(self, start: StepStart, outcome: Outcome) -> bool:
+        counter = self.stages[start.stage]
+        step_id = start.step_id
+        self._dirty = True
+        if outcome.status is StepStatus.STOPPED:
+            if self.counting.count_stop(step_id):
+                counter.stopped += 1
+            if self.live:
+                # Stopped though the job runs (a stop of an earlier execution reached it after
+                # a resume): it counts as stopped until it runs again, now.
+                self.window.requeue([start], front=False)
+            return True
+        if self.counting.is_counted(step_id):
+            return False
+        if outcome.status in FAILED_STATUSES:
+            decision = decide(self._job, self.options, outcome)
+            if decision.retry and self.live:
+                self.retries.schedule(start, decision.delay)
+                self._arm("retries", self.retries.next_due_in() or 0.0)
+                return True
+            counter.failed += 1
+        else:
+            counter.successful += 1
+        if self.counting.take_back_stop(step_id):
+            # The stop of an earlier execution is taken back; the outcome counts instead.
+            counter.stopped -= 1
+        self.counting.count_outcome(step_id)
+        return True
+
+    # -- stop and remove ----------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        await self.ready()
+        async with self.turns.turn("stop"):
+            stopping.refuse_stop(self._state)
+            try:
+                await self._set_status(JobStatus.STOPPED, stop_finalized=False)
+            except Exception as error:
+                raise JobOperationError(StopJobError.COULD_NOT_PERSIST_STOP, str(error)) from error
+            await self._halt_and_tell(removing=False)
+
+    async def remove(self) -> None:
+        await self.ready()
+        async with self.turns.turn("remove"):
+            if self._state.status is JobStatus.REMOVING:
+                if self.window.active:
+                    raise JobOperationError(RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED)
+                finished = await self._finish_stop()
+                raise JobOperationError(
+                    RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED
+                    if finished
+                    else RemoveJobError.UNKNOWN
+                )
+            try:
+                await self._set_status(JobStatus.REMOVING, stop_finalized=False)
+            except Exception as error:
+                raise JobOperationError(RemoveJobError.UNKNOWN, str(error)) from error
+            await self._halt_and_tell(removing=True)
+
+    async def _halt_and_tell(self, removing: bool) -> None:
+        self.live = False
+        self.awaiting_admission = None
+        self._stopped_hook_ran = False
+        stopping.halt(self.window, self.retries, self.stages, self.counting)
+        self._dirty = True
+        await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
+        await self._finish_stop_when_reported()
+
+    async def _tell_stop_again(self) -> None:
+        """Finishes a stop left by an earlier activation: steps that never recorded their stop
+        are told again; steps of stages never started are left alone."""
+        removing = self._state.status is JobStatus.REMOVING
+        stage = self._state.stage
+        self.live = False
+        # Progress from storage; a step of the stage with no outcome that runs nowhere has
+        # stopped, and one still running counts when it reports.
+        not_running = await self._adopt_running(await self._stored_unfinished(stage))
+        self.stages.recount(await self.storage.count_by_status(self.job_id))
+        if stage in self.stages.counters:
+            self.stages[stage].stopped = len(not_running)
+        for start in not_running:
+            self.counting.count_stop(start.step_id)
+        self._dirty = True
+        await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
+        await self._finish_stop_when_reported()
+
+    async def _finish_stop_when_reported(self) -> bool:
+        """Finishes the stop once every step has reported; False when finishing failed."""
+        if self.window.active or self.state is None or not stopping.stop_owed(self.state):
+            return True
+        return await self._finish_stop()
+
+    async def _finish_stop(self) -> bool:
+        """`on_stopped` once every step has reported; a removal then clears the job. A failed
+        finish is retried on one timer, 1 s doubling to 60 s."""
+        removing = self._state.status is JobStatus.REMOVING
+        try:
+            await self._save()
+            if removing or not self._stopped_hook_ran:
+                await self._job.on_stopped()
+                self._stopped_hook_ran = True
+            if removing:
+                await self.storage.remove_job_steps(self.job_id)
+                await self.storage.remove_job_counted(self.job_id)
+                await self.storage.remove_job(self.job_id)
+            else:
+                await self._save(stop_finalized=True)
+        except Exception as error:
+            what = "removal" if removing else "stop"
+            log.warning("job %s: finishing the %s failed: %s", self.job_id, what, error)
+            self._arm("finish")
+            return False
+        self._clear("finish")
+        self._request_exit()
+        return True
+
+    # -- resume, recover, retry-failed --------------------------------------------------------
+
+    async def resume(self, explicit: bool = True) -> None:
+        await self.ready()
+        async with self.turns.turn("resume"):
+            await self._resume(explicit)
+
+    async def recover(self) -> None:
+        """What rehydration does to this job: resume it, or finish its stop; never both."""
+        await self.ready()
+        async with self.turns.turn("recover"):
+            action = resuming.recover_action(self._state)
+            if action is Recover.FINISH_STOP and not self.live:
+                await self._tell_stop_again()
+            elif action is Recover.RESUME:
+                await self._resume(explicit=False)
+
+    async def _resume(self, explicit: bool) -> None:
+        state = self._state
+        action = resuming.resume_action(state, explicit, self.live)
+        if action is Resume.NOTHING:
+            return
+        if action is Resume.MISSING_PLAN:
+            message = "the job was interrupted before its step plan was stored"
+            await self._finish_with(
+                JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
+            )
+            raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
+        self.stages.recount(await self.storage.count_by_status(self.job_id))
+        resuming.rebase_stops(self.stages, len(self.counting.stopped), state.stage)
+        self.counting.records = True
+        self.state = state.model_copy(
+            update={"records_counted_steps": True, "stop_finalized": False}
+        )
+        self.window.clear()
+        self.retries.drain()
+        # Steps still running on a live host are this activation's again before the hook runs:
+        # their reports count, and a stop while the hook is owed reaches them.
+        await self._adopt_running(await self._stored_unfinished(state.stage))
+        try:
+            await self._set_status(JobStatus.RUNNING)
+        except Exception:
+            self.state = state
+            raise
+        self.live = True
+        self.exit_requested = False
+        self._completed_hook_ran = False
+        await self._run_resume_hook()
+
+    async def _run_resume_hook(self) -> None:
+        try:
+            await self._job.on_before_resuming_job_steps()
+        except Exception as error:
+            log.warning("job %s: on_before_resuming_job_steps failed: %s", self.job_id, error)
+            self.hook_owed = True
+            self.hook_backoff.failed()
+            return
+        self.hook_owed = False
+        self.hook_backoff.succeeded()
+        stage = self._state.stage
+        if stage not in self.stages.counters:
+            stage = self.stages.first()
+        self.stages[stage].is_started = False
+        await self._begin_stage(stage)
+        self._kick()
+
+    async def retry_failed_steps(self) -> int:
+        await self.ready()
+        async with self.turns.turn("retry failed steps"):
+            state = self._state
+            resuming.check_retry_failed(self._job, self.stages, state)
+            failed = [
+                StepStart(s.step_id, s.type, s.stage, s.attempt + 1, json.dumps(s.request))
+                async for page in step_pages(self.storage, self.job_id, statuses=FAILED_STATUSES)
+                for s in page
+            ]
+            # Retrying a counted failure removes its failed count: the counts change with the
+            # RUNNING save, and go back when it fails.
+            for start in failed:
+                self.stages[start.stage].failed -= 1
+            try:
+                self.state = state.model_copy(update={"records_counted_steps": True})
+                await self._set_status(JobStatus.RUNNING)
+            except Exception as error:
+                for start in failed:
+                    self.stages[start.stage].failed += 1
+                self.state = state
+                raise JobOperationError(
+                    RetryFailedStepsError.COULD_NOT_PERSIST, str(error)
+                ) from error
+            self.exit_requested = False
+            self._completed_hook_ran = False
+            self.counting.records = True
+            for start in failed:
+                self.counting.uncount_outcome(start.step_id)
+            try:
+                # Durable before they run: a lost activation resumes them as scheduled.
+                await self.counting.flush(self.storage, self.job_id)
+                scheduled = StatusChange(status=StepStatus.SCHEDULED)
+                await self.storage.update_steps(
+                    [
+                        StepUpdate(
+                            self.job_id, s.step_id, StepStatus.SCHEDULED, s.attempt, None, scheduled
+                        )
+                        for s in failed
+                    ]
+                )
+            except Exception as error:
+                # The job is RUNNING with its failed steps stored as failed: the pump recounts
+                # from storage and completes it again.
+                self.live = True
+                self._kick()
+                raise JobOperationError(
+                    RetryFailedStepsError.COULD_NOT_PERSIST, str(error)
+                ) from error
+            self.live = True
+            self.window.pending.extend(failed)
+            self._kick()
+            return len(failed)
+
+    # -- the watchdog -------------------------------------------------------------------------
+
+    async def watchdog_tick(self) -> None:
+        async with self.turns.turn("watchdog"):
+            await self._tick()
+
+    async def _tick(self) -> None:
+        self.ticks += 1
+        state = self.state
+        if state is None:
+            return
+        if state.status.is_preparing and state.has_plan and not self.live:
+            # Startup was interrupted after its plan was stored: it finishes through resume.
+            await self._resume(explicit=False)
+            return
+        if state.status is not JobStatus.RUNNING:
+            return
+        if self.hook_owed:
+            if not self.hook_backoff.should_try():
+                return
+            await self._run_resume_hook()
+            if self.hook_owed:
+                return
+        if not self.live:
+            return
+        counts = await self.storage.count_by_status(self.job_id)
+        stage = self._state.stage
+        if self._idle() and stage_done_in_storage(counts, stage):
+            # Every step of the stage is done in storage: recount from storage and move on.
+            self.stages.recount(counts)
+            await self._stage_done(stage)
+            return
+        await self._settle_lost_reports(stage)
+        self.window.retry_failed_starts()
+        lease = self.options.lease_seconds
+        if lease is not None:
+            silos = await self.hosts.active_silos()
+            stale = await leases.expired(
+                self.storage, self.hosts, silos, self.job_id, stage, self.window.active, lease
+            )
+            self.window.requeue(stale)
+        if self.awaiting_admission is not None:
+            await self._begin_stage(self.awaiting_admission)
+        elif self._idle():
+            await self._restart_orphans(stage)
+        await self.hosts.refresh()
+        self._kick()
+
+    async def _settle_lost_reports(self, stage: int) -> None:
+        """Active steps whose outcome storage holds but whose report never arrived (steps whose
+        start operation is unanswered have nothing stored yet, and wait)."""
+        active = {
+            step_id: entry
+            for step_id, entry in self.window.active.items()
+            if entry[0].stage == stage and step_id not in self.window.starting
+        }
+        if not active:
+            return
+        stored = []
+        present: set[str] = set()
+        async for page in step_pages(self.storage, self.job_id, stage=stage):
+            for step in page:
+                present.add(step.step_id)
+                if step.step_id in active:
+                    stored.append(step)
+        for outcome in lost_reports(active, stored, present):
+            log.info("job %s: settling the lost report of step %s", self.job_id, outcome.step_id)
+            self.accept(outcome)
+
+    async def _restart_orphans(self, stage: int) -> None:
+        """Nothing runs here, yet storage holds unfinished steps of the stage (an answer or a
+        report was lost across a reactivation): those running nowhere start again."""
+        orphans = await self._adopt_running(await self._stored_unfinished(stage))
+        if orphans:
+            log.warning(
+                "job %s: %d unfinished steps of stage %s run nowhere; starting them",
+                self.job_id,
+                len(orphans),
+                stage,
+            )
+            self.window.pending.extend(orphans)
+
+    # -- persistence --------------------------------------------------------------------------
+
+    @property
+    def _state(self) -> JobState:
+        assert self.state is not None
+        return self.state
+
+    @property
+    def _job(self) -> Job[Any]:
+        assert self.job is not None
+        return self.job
+
+    async def _set_status(
+        self,
+        status: JobStatus,
+        *messages: str,
+        error: str | None = None,
+        stop_finalized: bool | None = None,
+    ) -> None:
+        check_transition(self.job_id, self._state.status, status)
+        update: dict[str, Any] = {}
+        if error is not None:
+            update["error"] = error
+        if stop_finalized is not None:
+            update["stop_finalized"] = stop_finalized
+        await self._save((status, messages), **update)
+
+    async def _save(
+        self, change: tuple[JobStatus, tuple[str, ...]] | None = None, **update: Any
+    ) -> None:
+        """Saves the record with the current progress, counted records first. The in-memory
+        state changes only once the save succeeded."""
+        state = self._state if change is None else self._state.with_status(change[0], *change[1])
+        await self.counting.flush(self.storage, self.job_id)
+        self.state = await self.storage.save_job(
+            state.model_copy(update={"progress": self.stages.progress(), **update})
+        )
+        self._dirty = False
+
+    async def _save_progress(self) -> None:
+        async with self.turns.turn("save progress"):
+            state = self.state
+            if state is None or state.status.is_terminal:
+                return
+            if not (self._dirty or self.counting.unsaved):
+                return
+            try:
+                await self._save()
+            except ConcurrencyError:
+                # Another writer saved the record (a lost acknowledgement of ours, or an older
+                # incarnation): this activation's progress wins, at the stored version.
+                stored = await self.storage.get_job(self.job_id)
+                if stored is not None:
+                    self.state = state.model_copy(update={"version": stored.version})
+                raise
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,58 @@
+"""Leases: which running steps the watchdog may start again.
+
+A running step records a lease (silo = Ray node id, activation = hosting actor id + process id,
+heartbeat); its step host renews it by a timer every third of the timeout, only while the step
+is still RUNNING at that attempt. A step is restarted only when its owner is gone (its node is
+not alive, or its hosting actor is dead or a new incarnation) and its lease has expired. A
+running step without a lease (written by an older release) is left alone for one lease period
+after its last change.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from choreography_ray.core.hosts import Hosts
+from choreography_ray.model import Lease, utcnow
+from choreography_ray.runtime.messages import StepStart
+from choreography_ray.status import StepStatus
+from choreography_ray.storage import Storage, step_pages
+
+
+async def expired(
+    storage: Storage,
+    hosts: Hosts,
+    silos: set[str],
+    job_id: str,
+    stage: int,
+    active: dict[str, tuple[StepStart, str]],
+    lease_seconds: float,
+) -> list[StepStart]:
+    """The active steps of `stage` whose owner is gone and whose lease expired."""
+    if not active:
+        return []
+    timeout = timedelta(seconds=lease_seconds)
+    now = utcnow()
+    gone: dict[str, bool] = {}
+    stale: list[StepStart] = []
+    async for page in step_pages(storage, job_id, statuses=(StepStatus.RUNNING,), stage=stage):
+        for step in page:
+            entry = active.get(step.step_id)
+            if entry is None:
+                continue
+            if step.lease is None:
+                if now - step.updated > timeout:
+                    stale.append(entry[0])
+            elif now - step.lease.heartbeat > timeout and await _owner_gone(
+                step.lease, silos, hosts, gone
+            ):
+                stale.append(entry[0])
+    return stale
+
+
+async def _owner_gone(lease: Lease, silos: set[str], hosts: Hosts, cache: dict[str, bool]) -> bool:
+    if lease.silo not in silos:
+        return True
+    if lease.activation not in cache:
+        cache[lease.activation] = await hosts.activation_gone(lease.activation)
+    return cache[lease.activation]

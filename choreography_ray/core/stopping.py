@@ -1,0 +1,41 @@
+"""Stop and remove: persist the stop first, tell running steps, finish once all reported.
+
+A stop counts never-started steps as stopped and pending retries as failed, runs `on_stopped`
+once every step has reported, and records `stop_finalized`. A removal then clears the job. A
+finish that fails is retried on one timer (1 s doubling to 60 s) until it succeeds; a removal's
+failed finish also answers the step's report with an error, so its next report runs it again.
+"""
+
+from __future__ import annotations
+
+from choreography_ray.core.counting import Counting
+from choreography_ray.core.retries import RetrySchedule
+from choreography_ray.core.stages import Stages
+from choreography_ray.core.window import Window
+from choreography_ray.errors import JobOperationError, StopJobError
+from choreography_ray.model import JobState
+from choreography_ray.status import JobStatus
+
+
+def refuse_stop(state: JobState) -> None:
+    if state.status.is_terminal or state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
+        raise JobOperationError(
+            StopJobError.JOB_IS_NOT_RUNNING, f"job {state.id} is {state.status}"
+        )
+
+
+def halt(window: Window, retries: RetrySchedule, stages: Stages, counting: Counting) -> None:
+    """Counts pending attempts as failed and never-started steps as stopped."""
+    for start in retries.drain():
+        stages[start.stage].failed += 1
+        counting.count_outcome(start.step_id)
+    for start in window.never_started():
+        if counting.count_stop(start.step_id):
+            stages[start.stage].stopped += 1
+
+
+def stop_owed(state: JobState) -> bool:
+    """A stop or removal is persisted and not finished yet."""
+    return state.status is JobStatus.REMOVING or (
+        state.status is JobStatus.STOPPED and not state.stop_finalized
+    )
