@@ -1,13 +1,17 @@
-"""Job types for the recovery tests: steps log each run to a file named in the request."""
+"""Job types for the recovery tests: steps log each run to a file named in the request.
+
+The log is one step id a line (`tests.support.append_line`), not a JSON trace:
+`test_recovery.py` counts its whitespace-separated words, the step ids.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from pydantic import BaseModel
 
 import choreography_ray as cr
+from tests.support import append_line
 
 
 class LoggedItem(BaseModel):
@@ -18,8 +22,7 @@ class LoggedItem(BaseModel):
 class LoggedStep(cr.JobStep[LoggedItem]):
     async def perform(self, request: LoggedItem, context: cr.StepContext) -> cr.StepResult:
         await asyncio.sleep(request.sleep)
-        with Path(request.log).open("a") as log:  # noqa: ASYNC230 - a tiny append
-            log.write(f"{context.step_id}\n")
+        append_line(request.log, context.step_id)
         return cr.StepResult.succeeded()
 
 
