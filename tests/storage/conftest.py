@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from choreography_ray.storage import Storage, open_storage, redact_url
+from tests.support import free_port
 
 MONGODB_URI_ENV = "CHOREOGRAPHY_MONGODB_URI"
 #: How long a started nx-27017 server may take to accept connections, in seconds.
@@ -60,13 +61,6 @@ def runner() -> Iterator[asyncio.Runner]:
         yield loop_runner
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -96,7 +90,7 @@ def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield uri
         return
     home = tmp_path_factory.mktemp("nx-27017")
-    port = _free_port()
+    port = free_port()
     # --data-dir, not --db: with one --db file every database name shares the same collections.
     (home / "databases").mkdir()
     options = ["--host", "127.0.0.1", "-p", str(port), "--data-dir", str(home / "databases")]
