@@ -773,9 +773,10 @@ class JobCore:
             return
         if action is Resume.MISSING_PLAN:
             message = "the job was interrupted before its step plan was stored"
-            await self._finish_with(
-                JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
-            )
+            if state.status is not JobStatus.FAILED:
+                await self._finish_with(
+                    JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
+                )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
         self.stages.recount(await self.storage.count_by_status(self.job_id))
         resuming.rebase_stops(self.stages, len(self.counting.stopped), state.stage)
