@@ -32,9 +32,14 @@ def bare_tasks(n: int) -> float:
 
 
 def durable_job(
-    jobs: cr.Jobs, n: int, stages: int = 1, fail_rate: float = 0.0, step_ms: float = 0.0
+    jobs: cr.Jobs,
+    n: int,
+    stages: int = 1,
+    fail_rate: float = 0.0,
+    step_ms: float = 0.0,
+    scope: str = "bench",
 ) -> tuple[float, cr.JobState]:
-    manager = jobs.manager("bench", "fanout")
+    manager = jobs.manager(scope, "fanout")
     started = time.perf_counter()
     job = manager.start(
         BenchJob, BenchRequest(steps=n, stages=stages, fail_rate=fail_rate, step_ms=step_ms)

@@ -57,9 +57,10 @@ class Job(Generic[RequestT]):
 
     def get_step_retry_delay(self, failed_attempt: int) -> timedelta:
         """`step_retry_backoff` before the second attempt, doubling up to the maximum."""
-        first: timedelta = self.options.step_retry_backoff
-        longest: timedelta = self.options.max_step_retry_backoff
-        return min(first * (1 << max(0, failed_attempt - 1)), longest)
+        from choreography_ray.core.retries import Backoff
+
+        backoff = Backoff.of(self.options.step_retry_backoff, self.options.max_step_retry_backoff)
+        return timedelta(seconds=backoff.delay(failed_attempt))
 
     async def on_before_resuming_job_steps(self) -> None:
         return None

@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from choreography_ray.core.retries import Backoff
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, outcomes_to_wire
 from choreography_ray.runtime.names import job_name
@@ -42,8 +43,9 @@ class Delivery:
         self, job_id: str, outcomes: Sequence[Outcome], *, unlimited: bool = False
     ) -> bool:
         """Delivers until acknowledged; False when it gave up (or the job is gone)."""
-        delay = self._options.step_delivery_retry_delay.total_seconds()
-        longest = self._options.max_step_delivery_retry_delay.total_seconds()
+        backoff = Backoff.of(
+            self._options.step_delivery_retry_delay, self._options.max_step_delivery_retry_delay
+        )
         attempt = 0
         while True:
             attempt += 1
@@ -66,8 +68,7 @@ class Delivery:
                         error,
                     )
                     return False
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, longest)
+            await asyncio.sleep(backoff.delay(attempt))
 
     def _handle(self, job_id: str) -> Any:
         handle = self._handles.get(job_id)
