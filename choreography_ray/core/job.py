@@ -19,7 +19,6 @@ import asyncio
 import inspect
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +27,15 @@ from choreography_ray.core.counting import Counting
 from choreography_ray.core.hosts import Hosts
 from choreography_ray.core.resuming import Recover, Resume
 from choreography_ray.core.retries import FAILED_STATUSES, STANDARD, RetrySchedule, decide
-from choreography_ray.core.stages import UNFINISHED, Stages, after_stage
+from choreography_ray.core.stages import (
+    PLAN_CHUNK,
+    Stages,
+    after_stage,
+    make_plan,
+    mark_unreachable,
+    stored_unfinished,
+)
+from choreography_ray.core.timers import Timers
 from choreography_ray.core.transitions import check_transition
 from choreography_ray.core.turns import Supervisor, Turns
 from choreography_ray.core.watchdog import HookBackoff, lost_reports, stage_done_in_storage
@@ -50,13 +57,10 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.step import JobStep
-from choreography_ray.storage import PlannedStep, StepUpdate, Storage, step_pages
+from choreography_ray.storage import StepUpdate, Storage, step_pages
 from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
-
-#: Plan records written per insert.
-PLAN_CHUNK = 50_000
 
 
 class JobCore:
@@ -93,9 +97,7 @@ class JobCore:
         self._dirty = False
         self._dedicated: dict[str, bool] = {}  # step type path -> dedicated
         self._watched: set[str] = set()
-        #: Timers by name (monotonic due time): start retries, admission, step retries, finish.
-        self._due: dict[str, float] = {}
-        self._failures: dict[str, int] = {}
+        self._timers = Timers(self._kick)
         #: A terminal status decided (hooks ran) but not saved yet: saved before anything else.
         self._owed: tuple[JobStatus, str | None, str | None] | None = None
         self._completed_hook_ran = False
@@ -234,21 +236,10 @@ class JobCore:
         return None
 
     async def _persist_plan(self, specs: list[StepSpec]) -> None:
-        width = max(6, len(str(len(specs))))
-        records: list[PlannedStep] = []
-        totals: dict[int, int] = {}
-        plan: dict[int, list[StepStart]] = {}
-        for index, spec in enumerate(specs):
-            step_id = f"{index:0{width}d}"
-            request = spec.request.model_dump_json()
-            records.append(PlannedStep(step_id, spec.step_type, spec.stage, request))
-            plan.setdefault(spec.stage, []).append(
-                StepStart(step_id, spec.step_type, spec.stage, 1, request)
-            )
-            totals[spec.stage] = totals.get(spec.stage, 0) + 1
+        records, plan = make_plan(specs)
         for offset in range(0, len(records), PLAN_CHUNK):
             await self.storage.insert_plan(self.job_id, records[offset : offset + PLAN_CHUNK])
-        stages = Stages.from_totals(totals)
+        stages = Stages.from_totals({stage: len(starts) for stage, starts in plan.items()})
         self.state = self._state.model_copy(
             update={"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
         )
@@ -285,20 +276,20 @@ class JobCore:
             log.warning(
                 "job %s: admit_stage(%s) failed: %s; asking again", self.job_id, stage, error
             )
-            self._arm("admission")
+            self._timers.arm("admission")
             admitted = False
         if not admitted:
             self.awaiting_admission = stage
             return []
         self.awaiting_admission = None
-        self._clear("admission")
+        self._timers.clear("admission")
         counter = self.stages[stage]
         counter.is_started = True
         self.state = self._state.model_copy(update={"stage": stage})
         self._dirty = True
         starts = self._plan.pop(stage, None)
         if starts is None:
-            starts = await self._adopt_running(await self._stored_unfinished(stage))
+            starts = await self._adopt_stage(stage)
         self.window.pending.extend(starts)
         if first_run:
             self._first_stage_failed = 0
@@ -307,21 +298,10 @@ class JobCore:
             await self._stage_done(stage)
         return []
 
-    async def _stored_unfinished(self, stage: int) -> list[StepStart]:
-        """The stage's unfinished steps from storage, the ones that were running first."""
-        running: list[StepStart] = []
-        others: list[StepStart] = []
-        async for page in step_pages(self.storage, self.job_id, statuses=UNFINISHED, stage=stage):
-            for s in page:
-                start = StepStart(
-                    s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request)
-                )
-                (running if s.status is StepStatus.RUNNING else others).append(start)
-        return running + others
-
-    async def _adopt_running(self, starts: list[StepStart]) -> list[StepStart]:
-        """Steps still running on a live host become active here again instead of being
-        started twice; returns the others."""
+    async def _adopt_stage(self, stage: int) -> list[StepStart]:
+        """The stage's unfinished steps in storage: those still running on a live host become
+        active here again instead of being started twice; returns the others."""
+        starts = await stored_unfinished(self.storage, self.job_id, stage)
         host_of = await self.hosts.running(self.job_id)
         rest: list[StepStart] = []
         for start in starts:
@@ -338,27 +318,14 @@ class JobCore:
             return  # another turn moved on already
         after = after_stage(self.stages, stage, self._job)
         if after.unreachable:
-            await self._mark_unreachable(after.unreachable)
+            for later in after.unreachable:
+                self._plan.pop(later, None)
+            await mark_unreachable(self.storage, self.job_id, self.stages, after.unreachable)
         if after.next_stage is not None:
             await self._begin_stage(after.next_stage)
             self._kick()
             return
         await self._complete()
-
-    async def _mark_unreachable(self, stages: tuple[int, ...]) -> None:
-        unreachable = StepStatus.UNREACHABLE
-        for stage in stages:
-            self._plan.pop(stage, None)
-            async for page in step_pages(self.storage, self.job_id, stage=stage):
-                await self.storage.update_steps(
-                    [
-                        StepUpdate(self.job_id, s.step_id, unreachable, s.attempt)
-                        for s in page
-                        if s.status is not unreachable
-                    ]
-                )
-            counter = self.stages[stage]
-            counter.unreachable = counter.total - counter.successful - counter.failed
 
     async def _complete(self) -> None:
         if self._state.status.is_terminal:
@@ -416,22 +383,22 @@ class JobCore:
         if self._owed is not None:
             await self._save_owed()
             return
-        if self._is_due("finish"):
+        if self._timers.due("finish"):
             await self._finish_stop_when_reported()
         if not self.live or self.hook_owed or self.state is None:
             return
         if self.state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
             return
-        if self._is_due("starts"):
+        if self._timers.due("starts"):
             self.window.retry_failed_starts()
-        if self._is_due("admission") and self.awaiting_admission is not None:
+        if self._timers.due("admission") and self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)
-        self._is_due("retries")  # re-armed below for the next one
+        self._timers.due("retries")  # re-armed below for the next one
         due = self.retries.take_due()
         if due:
             self.window.requeue(due)
         if self.retries.pending:
-            self._arm("retries", self.retries.next_due_in() or 0.0)
+            self._timers.arm("retries", self.retries.next_due_in() or 0.0)
         await self._fill()
         if self.state.status is JobStatus.RUNNING:
             await self._check_stage()
@@ -514,18 +481,18 @@ class JobCore:
         self.window.answered(batch, error is None)
         self._kick()
         if error is not None:
-            failures = self._failures["starts"] = self._failures.get("starts", 0) + 1
+            delay = self._timers.backoff("starts")
             log.warning(
-                "job %s: starting %d steps on %s failed (%d in a row): %s",
+                "job %s: starting %d steps on %s failed (again in %.0f s): %s",
                 self.job_id,
                 len(batch),
                 host,
-                failures,
+                delay,
                 error,
             )
-            self._arm("starts", STANDARD.delay(failures))
+            self._timers.arm("starts", delay)
             return
-        self._failures.pop("starts", None)
+        self._timers.clear("starts")
         self._watch(host)
         if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
             # The stop reached this host before these steps did: tell them again.
@@ -580,32 +547,6 @@ class JobCore:
             and self._state.stage in self.stages.counters
         )  # fmt: skip
 
-    # -- timers -------------------------------------------------------------------------------
-
-    def _arm(self, name: str, delay: float | None = None) -> None:
-        """Kicks the pump once `name` is due (after `delay`, else the standard backoff)."""
-        if delay is None:
-            if name in self._due:
-                return
-            failures = self._failures[name] = self._failures.get(name, 0) + 1
-            delay = STANDARD.delay(failures)
-        due = time.monotonic() + delay
-        if self._due.get(name, due + 1) <= due:
-            return
-        self._due[name] = due
-        asyncio.get_running_loop().call_later(delay, self._kick)
-
-    def _is_due(self, name: str) -> bool:
-        due = self._due.get(name)
-        if due is None or due > time.monotonic():
-            return False
-        del self._due[name]
-        return True
-
-    def _clear(self, name: str) -> None:
-        self._due.pop(name, None)
-        self._failures.pop(name, None)
-
     # -- outcomes -----------------------------------------------------------------------------
 
     async def report_outcomes(self, outcomes: list[Outcome]) -> None:
@@ -651,7 +592,7 @@ class JobCore:
             decision = decide(self._job, self.options, outcome)
             if decision.retry and self.live:
                 self.retries.schedule(start, decision.delay)
-                self._arm("retries", self.retries.next_due_in() or 0.0)
+                self._timers.arm("retries", self.retries.next_due_in() or 0.0)
                 return True
             counter.failed += 1
         else:
@@ -709,7 +650,7 @@ class JobCore:
         self.live = False
         # Progress from storage; a step of the stage with no outcome that runs nowhere has
         # stopped, and one still running counts when it reports.
-        not_running = await self._adopt_running(await self._stored_unfinished(stage))
+        not_running = await self._adopt_stage(stage)
         self.stages.recount(await self.storage.count_by_status(self.job_id))
         if stage in self.stages.counters:
             self.stages[stage].stopped = len(not_running)
@@ -743,9 +684,9 @@ class JobCore:
         except Exception as error:
             what = "removal" if removing else "stop"
             log.warning("job %s: finishing the %s failed: %s", self.job_id, what, error)
-            self._arm("finish")
+            self._timers.arm("finish")
             return False
-        self._clear("finish")
+        self._timers.clear("finish")
         self._request_exit()
         return True
 
@@ -788,7 +729,7 @@ class JobCore:
         self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
         # their reports count, and a stop while the hook is owed reaches them.
-        await self._adopt_running(await self._stored_unfinished(state.stage))
+        await self._adopt_stage(state.stage)
         try:
             await self._set_status(JobStatus.RUNNING)
         except Exception:
@@ -928,21 +869,14 @@ class JobCore:
         }
         if not active:
             return
-        stored = []
-        present: set[str] = set()
-        async for page in step_pages(self.storage, self.job_id, stage=stage):
-            for step in page:
-                present.add(step.step_id)
-                if step.step_id in active:
-                    stored.append(step)
-        for outcome in lost_reports(active, stored, present):
+        for outcome in await lost_reports(self.storage, self.job_id, stage, active):
             log.info("job %s: settling the lost report of step %s", self.job_id, outcome.step_id)
             self.accept(outcome)
 
     async def _restart_orphans(self, stage: int) -> None:
         """Nothing runs here, yet storage holds unfinished steps of the stage (an answer or a
         report was lost across a reactivation): those running nowhere start again."""
-        orphans = await self._adopt_running(await self._stored_unfinished(stage))
+        orphans = await self._adopt_stage(stage)
         if orphans:
             log.warning(
                 "job %s: %d unfinished steps of stage %s run nowhere; starting them",

@@ -9,13 +9,16 @@ next one start. Each stage is admitted (`admit_stage`) before it starts.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from choreography_ray.job import Job
+from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import JobProgress, StageProgress
+from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import JobStageFailureBehavior, StepStatus
-from choreography_ray.storage import StatusCounts
+from choreography_ray.storage import PlannedStep, StatusCounts, StepUpdate, Storage, step_pages
 
 
 @dataclass(slots=True)
@@ -141,3 +144,52 @@ def after_stage(stages: Stages, stage: int, job: Job[Any]) -> AfterStage:
     ):
         return AfterStage(None, tuple(later))
     return AfterStage(later[0])
+
+
+#: Plan records written per insert.
+PLAN_CHUNK = 50_000
+
+
+def make_plan(specs: Sequence[StepSpec]) -> tuple[list[PlannedStep], dict[int, list[StepStart]]]:
+    """The plan's records, and its first run's steps by stage. A step id is the step's position
+    in the plan, zero-padded to at least six digits."""
+    width = max(6, len(str(len(specs))))
+    records: list[PlannedStep] = []
+    plan: dict[int, list[StepStart]] = {}
+    for index, spec in enumerate(specs):
+        step_id = f"{index:0{width}d}"
+        request = spec.request.model_dump_json()
+        records.append(PlannedStep(step_id, spec.step_type, spec.stage, request))
+        plan.setdefault(spec.stage, []).append(
+            StepStart(step_id, spec.step_type, spec.stage, 1, request)
+        )
+    return records, plan
+
+
+async def stored_unfinished(storage: Storage, job_id: str, stage: int) -> list[StepStart]:
+    """The stage's unfinished steps from storage, the ones that were running first."""
+    running: list[StepStart] = []
+    others: list[StepStart] = []
+    async for page in step_pages(storage, job_id, statuses=UNFINISHED, stage=stage):
+        for s in page:
+            start = StepStart(s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request))
+            (running if s.status is StepStatus.RUNNING else others).append(start)
+    return running + others
+
+
+async def mark_unreachable(
+    storage: Storage, job_id: str, stages: Stages, which: Sequence[int]
+) -> None:
+    """The steps of these stages will never run: stored and counted as UNREACHABLE."""
+    unreachable = StepStatus.UNREACHABLE
+    for stage in which:
+        async for page in step_pages(storage, job_id, stage=stage):
+            await storage.update_steps(
+                [
+                    StepUpdate(job_id, s.step_id, unreachable, s.attempt)
+                    for s in page
+                    if s.status is not unreachable
+                ]
+            )
+        counter = stages[stage]
+        counter.unreachable = counter.total - counter.successful - counter.failed

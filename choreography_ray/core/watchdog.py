@@ -10,14 +10,11 @@ infinite interval turns it off.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from choreography_ray.core.retries import FAILED_STATUSES
 from choreography_ray.core.stages import UNFINISHED
-from choreography_ray.model import StepState
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import StepStatus
-from choreography_ray.storage import StatusCounts
+from choreography_ray.storage import StatusCounts, Storage, step_pages
 
 #: Ticks skipped between retries of a failed `on_before_resuming_job_steps`, by failure count.
 HOOK_SKIPS = (0, 1, 3, 7, 15)
@@ -51,27 +48,29 @@ def stage_done_in_storage(counts: StatusCounts, stage: int) -> bool:
     return not any(n for (s, status), n in counts.items() if s == stage and status in UNFINISHED)
 
 
-def lost_reports(
-    active: dict[str, tuple[StepStart, str]], stored: Iterable[StepState], present: set[str]
+async def lost_reports(
+    storage: Storage, job_id: str, stage: int, active: dict[str, tuple[StepStart, str]]
 ) -> list[Outcome]:
-    """The outcomes storage holds for active steps whose report never arrived.
+    """The outcomes storage holds for active steps of `stage` whose report never arrived.
 
-    `stored` are the stage's stored steps that are active here; `present` the ids of every
-    stored step of the stage. An active step missing from storage succeeded (a success deletes
-    its record); one stored FAILED, COMPLETED_WITH_FAILURE or STOPPED at its attempt reached
-    that outcome. A step stored as anything else (RUNNING, or SCHEDULED while its start is
-    being written) has not reported yet.
+    An active step missing from storage succeeded (a success deletes its record); one stored
+    FAILED, COMPLETED_WITH_FAILURE or STOPPED at its attempt reached that outcome. A step
+    stored as anything else (RUNNING, or SCHEDULED while its start is written) has not
+    reported yet. One paged read of the stage's steps.
     """
     outcomes: list[Outcome] = []
-    for step in stored:
-        start, _host = active[step.step_id]
-        if step.attempt != start.attempt:
-            continue
-        if step.status in FAILED_STATUSES or step.status is StepStatus.STOPPED:
-            messages = step.status_changes[-1].exception_messages if step.status_changes else ()
-            outcomes.append(
-                Outcome(step.step_id, start.attempt, step.status, messages[0] if messages else None)
-            )
+    present: set[str] = set()
+    async for page in step_pages(storage, job_id, stage=stage):
+        for step in page:
+            present.add(step.step_id)
+            entry = active.get(step.step_id)
+            if entry is None or step.attempt != entry[0].attempt:
+                continue
+            if step.status in FAILED_STATUSES or step.status is StepStatus.STOPPED:
+                changes = step.status_changes
+                messages = changes[-1].exception_messages if changes else ()
+                message = messages[0] if messages else None
+                outcomes.append(Outcome(step.step_id, step.attempt, step.status, message))
     outcomes.extend(
         Outcome(step_id, start.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
         for step_id, (start, _host) in active.items()
