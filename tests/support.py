@@ -40,7 +40,7 @@ POLL_EVERY = 0.05
 
 
 def eventually(
-    check: Callable[[], T],
+    check: Callable[[], T | None],
     timeout: float = 20.0,
     what: str = "a condition",
     every: float = POLL_EVERY,

@@ -3,6 +3,7 @@ a fresh manager key per test (step hosts are shared by every connection, as in p
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ def ray_cluster() -> Iterator[None]:
             num_cpus=2,
             namespace=RAY_NAMESPACE,
             include_dashboard=False,
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
         )
     yield
     ray.shutdown()
@@ -43,7 +44,7 @@ def storage_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def connect(ray_cluster: None, storage_url: str):  # type: ignore[no-untyped-def]
+def connect(ray_cluster: None, storage_url: str):
     """`connect(**options)` -> a Jobs handle on this test's storage with FAST options."""
 
     def make(**options: object) -> cr.Jobs:

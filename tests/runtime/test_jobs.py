@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,7 @@ def stage_progress(state: cr.JobState) -> dict[int, cr.StageProgress]:
 # -- counting ---------------------------------------------------------------------------------
 
 
-def test_fan_out_of_10k_steps__every_outcome_counted_once(connect, scope, storage_url) -> None:  # type: ignore[no-untyped-def]
+def test_fan_out_of_10k_steps__every_outcome_counted_once(connect, scope, storage_url) -> None:
     manager = connect().manager(scope, "big")
     started = manager.start(FanOut, FanOutRequest(count=10_000))
     assert started.error is None
@@ -129,7 +130,7 @@ def test_fan_out_of_10k_steps__every_outcome_counted_once(connect, scope, storag
 # -- lifecycle --------------------------------------------------------------------------------
 
 
-def test_lifecycle__statuses_in_order_with_times_and_on_completed_once(  # type: ignore[no-untyped-def]
+def test_lifecycle__statuses_in_order_with_times_and_on_completed_once(
     connect, scope, files
 ) -> None:
     manager = connect().manager(scope, "lifecycle")
@@ -164,7 +165,7 @@ def test_lifecycle__statuses_in_order_with_times_and_on_completed_once(  # type:
     assert [r["job_id"] for r in completed] == [started.job_id]
 
 
-def test_prepare_steps_raises__job_failed_with_message(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_prepare_steps_raises__job_failed_with_message(connect, scope, files) -> None:
     manager = connect().manager(scope, "lifecycle")
     started = manager.start(
         PlanJob, files.request([files.probe(0)], fail_prepare="cannot plan the shards")
@@ -185,7 +186,7 @@ def test_prepare_steps_raises__job_failed_with_message(connect, scope, files) ->
     assert files.hook_records("on_completed") == []
 
 
-def test_job_actor_exits__once_failed_in_prepare_steps(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_job_actor_exits__once_failed_in_prepare_steps(connect, scope, files) -> None:
     manager = connect().manager(scope, "lifecycle")
     started = manager.start(PlanJob, files.request([files.probe(0)], fail_prepare="no plan"))
     assert manager.wait(started.job_id, timeout=WAIT).status is cr.JobStatus.FAILED
@@ -195,7 +196,7 @@ def test_job_actor_exits__once_failed_in_prepare_steps(connect, scope, files) ->
     assert manager.get(started.job_id).status is cr.JobStatus.FAILED
 
 
-def test_on_completed_raises__job_failed_with_message(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_on_completed_raises__job_failed_with_message(connect, scope, files) -> None:
     manager = connect().manager(scope, "lifecycle")
     # The hook does some work before it fails, as a real one (a notification, a write) would.
     request = files.request(
@@ -233,7 +234,7 @@ def _four_stage_plan(files: Files) -> list[Probe]:
     ]
 
 
-def test_stage_barrier__later_stages_unreachable(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_stage_barrier__later_stages_unreachable(connect, scope, files) -> None:
     manager = connect().manager(scope, "stages")
     # A job type that allows retrying failed steps: with stages it still may not.
     started = manager.start(RetryablePlanJob, files.request(_four_stage_plan(files)))
@@ -261,7 +262,7 @@ def test_stage_barrier__later_stages_unreachable(connect, scope, files) -> None:
     assert refused.value.error is cr.RetryFailedStepsError.NOT_SUPPORTED
 
 
-def test_stage_continue_with_next_stage__next_stage_runs(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_stage_continue_with_next_stage__next_stage_runs(connect, scope, files) -> None:
     manager = connect().manager(scope, "stages")
     started = manager.start(BestEffortPlanJob, files.request(_four_stage_plan(files)))
 
@@ -283,7 +284,7 @@ def test_stage_continue_with_next_stage__next_stage_runs(connect, scope, files) 
     assert stored[3].status is cr.StepStatus.COMPLETED_WITH_FAILURE
 
 
-def test_stages__run_in_value_order_with_gaps_behind_a_barrier(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_stages__run_in_value_order_with_gaps_behind_a_barrier(connect, scope, files) -> None:
     manager = connect().manager(scope, "stages")
     # Planned out of order; each stage has steps of different lengths.
     plan = [
@@ -318,7 +319,7 @@ def test_stages__run_in_value_order_with_gaps_behind_a_barrier(connect, scope, f
     assert state.stage == 20
 
 
-def test_single_stage_value__plain_fan_out(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_single_stage_value__plain_fan_out(connect, scope, files) -> None:
     manager = connect().manager(scope, "stages")
     plan = [files.probe(n, stage=7, sleep=0.3) for n in range(4)]
     plan.append(files.probe(4, stage=7, sleep=0.3, fail_attempts=99))
@@ -344,7 +345,7 @@ def test_single_stage_value__plain_fan_out(connect, scope, files) -> None:  # ty
 
 
 @pytest.mark.parametrize("gated_stage", [0, 10], ids=["first-stage", "later-stage"])
-def test_admission_refused__job_waits_and_stage_runs_once_admitted(  # type: ignore[no-untyped-def]
+def test_admission_refused__job_waits_and_stage_runs_once_admitted(
     connect, scope, files, gated_stage: int
 ) -> None:
     manager = connect().manager(scope, "admission")
@@ -404,7 +405,7 @@ def test_admission_refused__job_waits_and_stage_runs_once_admitted(  # type: ign
     ],
     ids=["option-3", "class-2", "class-2-over-option-5", "option-0", "option-negative", "class-0"],
 )
-def test_window__never_more_than_n_steps_running(  # type: ignore[no-untyped-def]
+def test_window__never_more_than_n_steps_running(
     connect, scope, files, job_type: type[PlanJob], options: dict[str, Any], window: int
 ) -> None:
     manager = connect(**options).manager(scope, "window")
@@ -421,7 +422,7 @@ def test_window__never_more_than_n_steps_running(  # type: ignore[no-untyped-def
 # -- failed steps -----------------------------------------------------------------------------
 
 
-def test_step_failures__recorded_and_job_completes_with_failures(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_step_failures__recorded_and_job_completes_with_failures(connect, scope, files) -> None:
     manager = connect(step_event_loop_block_limit=0.5).manager(scope, "failures")
     plan = [
         files.probe(0, fail_attempts=1),
@@ -461,7 +462,7 @@ def test_step_failures__recorded_and_job_completes_with_failures(connect, scope,
     )
 
 
-def test_sync_perform__runs_in_worker_thread(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_sync_perform__runs_in_worker_thread(connect, scope, files) -> None:
     manager = connect().manager(scope, "sync")
     started = manager.start(
         PlanJob, files.request([files.probe(n, kind="sync", sleep=0.4) for n in range(3)])
@@ -480,7 +481,7 @@ def test_sync_perform__runs_in_worker_thread(connect, scope, files) -> None:  # 
 # -- the step context -------------------------------------------------------------------------
 
 
-def test_step_context__carries_job_step_stage_attempt(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_step_context__carries_job_step_stage_attempt(connect, scope, files) -> None:
     manager = connect(max_step_attempts=2).manager(scope, "context")
     plan = [
         files.probe(0, stage=0),
@@ -515,7 +516,7 @@ def test_step_context__carries_job_step_stage_attempt(connect, scope, files) -> 
 # -- delivery ---------------------------------------------------------------------------------
 
 
-def test_duplicate_delivery__counted_once(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_duplicate_delivery__counted_once(connect, scope, files) -> None:
     manager = connect().manager(scope, "delivery")
     plan = [files.probe(0), files.probe(1, fail_attempts=99), files.probe(2, gate=files.gate)]
     started = manager.start(PlanJob, files.request(plan))
@@ -547,7 +548,7 @@ def test_duplicate_delivery__counted_once(connect, scope, files) -> None:  # typ
 # -- dedicated step actors --------------------------------------------------------------------
 
 
-def test_dedicated_step__own_actor_gone_afterwards(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_dedicated_step__own_actor_gone_afterwards(connect, scope, files) -> None:
     manager = connect().manager(scope, "dedicated")
     started = manager.start(
         PlanJob, files.request([files.probe(n, kind="dedicated") for n in range(2)])
@@ -563,13 +564,13 @@ def test_dedicated_step__own_actor_gone_afterwards(connect, scope, files) -> Non
     assert {r["namespace"] for r in records} == {RAY_NAMESPACE}
     assert len({r["pid"] for r in records}) == 2  # a process each
     for name in names:
-        eventually(lambda name=name: actor_is_gone(name), what=f"{name} gone")
+        eventually(partial(actor_is_gone, name), what=f"{name} gone")
 
 
 # -- the manager ------------------------------------------------------------------------------
 
 
-def test_invalid_request__refused_and_nothing_stored(connect, scope) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_request__refused_and_nothing_stored(connect, scope) -> None:
     manager = connect().manager(scope, "invalid")
 
     with pytest.raises(cr.JobOperationError) as missing:
@@ -585,7 +586,7 @@ def test_invalid_request__refused_and_nothing_stored(connect, scope) -> None:  #
     assert manager.list() == []
 
 
-def test_manager_queries__get_list_steps_and_job_actor_exits(connect, scope, files) -> None:  # type: ignore[no-untyped-def]
+def test_manager_queries__get_list_steps_and_job_actor_exits(connect, scope, files) -> None:
     jobs = connect()
     manager = jobs.manager(scope, "queries")
     good_request = files.request([files.probe(n) for n in range(3)])
@@ -631,10 +632,10 @@ def test_manager_queries__get_list_steps_and_job_actor_exits(connect, scope, fil
     assert unknown.value.error is cr.JobLookupError.JOB_NOT_FOUND
 
     for job_id in (good.job_id, bad.job_id):
-        eventually(lambda job_id=job_id: actor_is_gone(f"job/{job_id}"), what="job actor exit")
+        eventually(partial(actor_is_gone, f"job/{job_id}"), what="job actor exit")
 
 
-def test_key_catalog__records_every_manager_key(connect, scope, storage_url, files) -> None:  # type: ignore[no-untyped-def]
+def test_key_catalog__records_every_manager_key(connect, scope, storage_url, files) -> None:
     jobs = connect()
     for namespace in ("alpha", "beta"):
         manager = jobs.manager(scope, namespace)

@@ -21,7 +21,7 @@ import ray
 import choreography_ray as cr
 from choreography_ray.model import JobState, StepState
 from choreography_ray.runtime.messages import Outcome
-from choreography_ray.storage import CountedKind
+from choreography_ray.storage import CountedKind, Storage
 from tests.runtime.lifecycle_jobs import (
     TRACES,
     AdmissionWaits,
@@ -102,7 +102,7 @@ def ray_actor_state(actor_id: str) -> dict[str, Any]:
     # The GCS's own record (the public state API needs the dashboard, off in these tests).
     from ray._private import state
 
-    return state.actors(actor_id)  # type: ignore[no-any-return]
+    return state.actors(actor_id)
 
 
 def step_hosts() -> list[Any]:
@@ -719,8 +719,11 @@ def test_watchdog__never_resumes_a_stopped_job(connect: Any, scope: str, storage
 def assert_removed(storage_url: str, manager: cr.JobsManager, job_id: str) -> None:
     assert stored_job(storage_url, job_id) is None
     assert stored_steps(storage_url, job_id) == []
-    for kind in CountedKind:
-        assert in_storage(storage_url, lambda s, kind=kind: s.list_counted(job_id, kind)) == []
+
+    async def counted(storage: Storage) -> dict[CountedKind, list[str]]:
+        return {kind: await storage.list_counted(job_id, kind) for kind in CountedKind}
+
+    assert in_storage(storage_url, counted) == {kind: [] for kind in CountedKind}
     assert operation_error(lambda: manager.get(job_id)) is cr.JobLookupError.JOB_NOT_FOUND
 
 

@@ -89,7 +89,7 @@ def wait_status(url: str, job_id: str, *statuses: cr.JobStatus, timeout: float =
 
 
 def drain_stats(scope: str, namespace: str) -> dict[str, Any]:
-    manager = ray.get_actor(manager_name(scope, namespace), namespace=RAY_NAMESPACE)
+    manager: Any = ray.get_actor(manager_name(scope, namespace), namespace=RAY_NAMESPACE)
     stats: dict[str, Any] = ray.get(manager.drain_stats.remote())
     return stats
 
@@ -123,7 +123,7 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     jobs = connect(reconciliation_interval=0)
     manager = jobs.manager(scope, "left")
@@ -215,7 +215,7 @@ def test_job_without_plan_fails_with_missing_step_plan_and_one_with_a_plan_conti
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     jobs = connect(reconciliation_interval=0)
     manager = jobs.manager(scope, "preparing")
@@ -265,7 +265,7 @@ def test_unimportable_job_type_is_failed_and_the_drain_goes_on(
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
     manager = jobs.manager(scope, "types")
@@ -318,7 +318,7 @@ def test_drain_runs_at_most_max_concurrent_rehydration_resumes_oldest_first(
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     limit, count = 3, 12
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=limit)
@@ -379,7 +379,7 @@ def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=1)
     manager = jobs.manager(scope, "reload")
@@ -437,7 +437,7 @@ def test_killed_manager_comes_back_and_continues_its_drain(
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     """Issue 5, item 4: a killed manager is restarted by Ray and carries on with the jobs its
     drain had not resumed yet, without another `rehydrate()` (reconciliation is off here)."""
@@ -481,7 +481,7 @@ def test_killed_job_actor_restarts_and_adopts_its_running_steps(
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     """A job actor killed mid-job is restarted by Ray and resumes from storage; the steps still
     running on their hosts are adopted, not started twice, and duplicate rehydration passes
@@ -515,7 +515,7 @@ def test_failing_key_provider_is_retried_with_backoff_while_the_catalog_keys_rec
     scope,
     storage_url,
     tmp_path,
-    events,  # type: ignore[no-untyped-def]
+    events,
 ) -> None:
     log = str(tmp_path / "steps.jsonl")
     # A key of the durable catalog, and a key only the provider knows, each with a job left

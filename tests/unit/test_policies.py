@@ -9,9 +9,9 @@ import pytest
 from pydantic import BaseModel
 
 import choreography_ray as cr
-from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.core.retries import RetryDecision, RetrySchedule, decide
 from choreography_ray.core.watchdog import HookBackoff
+from choreography_ray.runtime.messages import Outcome, StepStart
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -39,7 +39,7 @@ class RetriesTimeouts(PlainJob):
 
 def make_job(job_type: type[PlainJob] = PlainJob, **options: object) -> PlainJob:
     job = job_type()
-    job.options = cr.JobsOptions(**options)  # type: ignore[arg-type]
+    job.options = cr.JobsOptions(**options)
     if isinstance(job, RetriesTimeouts):
         job.asked = []
     return job
@@ -121,7 +121,7 @@ def test_decide__the_job_is_not_asked_once_attempts_run_out() -> None:
 
 
 def start(step_id: str, attempt: int = 1) -> StepStart:
-    return StepStart(step_id, "tests:Step", 0, attempt, {"n": 1})
+    return StepStart(step_id, "tests:Step", 0, attempt, '{"n": 1}')
 
 
 def test_schedule__a_retry_is_the_next_attempt_and_is_taken_once_due() -> None:
