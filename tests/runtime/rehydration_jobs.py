@@ -47,23 +47,20 @@ class RecordedStep(cr.JobStep[RecordedItem]):
 
     async def perform(self, request: RecordedItem, context: cr.StepContext) -> cr.StepResult:
         node = ray.get_runtime_context().get_node_id()
-        trace(
-            request.log,
-            event="start",
-            job=context.job_id,
-            step=context.step_id,
-            node=node,
-            at=time.time(),
-        )
+
+        def log(event: str) -> None:
+            trace(
+                request.log,
+                event=event,
+                job=context.job_id,
+                step=context.step_id,
+                node=node,
+                at=time.time(),
+            )
+
+        log("start")
         await asyncio.sleep(request.sleep)
-        trace(
-            request.log,
-            event="end",
-            job=context.job_id,
-            step=context.step_id,
-            node=node,
-            at=time.time(),
-        )
+        log("end")
         return cr.StepResult.succeeded()
 
 
