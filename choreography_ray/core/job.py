@@ -123,6 +123,12 @@ class JobCore:
         if self.state is None:
             self._request_exit()
             return
+        if self.state.status.is_terminal or (
+            self.state.status is JobStatus.STOPPED and self.state.stop_finalized
+        ):
+            # Activated for an operation on a job at rest: it answers, and the actor goes
+            # unless the operation reopened the job.
+            self._request_exit()
         self.tasks.repeat("pump", self._next_kick, self._pump, STANDARD)
         every = self.options.progress_save_interval.total_seconds()
         self.tasks.repeat("save", lambda: asyncio.sleep(every), self._save_progress, STANDARD)
