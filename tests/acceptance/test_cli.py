@@ -8,14 +8,12 @@ submits a run to a `ray start --head` cluster with `ray job submit`, as DESIGN.m
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from choreography_ray.model import JobState
-from choreography_ray.storage import open_storage
+from tests.support import free_port, in_storage
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TYPE = "tests.acceptance.acceptance_jobs:Greet"
@@ -74,14 +72,7 @@ def storage_url(tmp_path: Path) -> str:
 
 
 def stored_jobs(url: str, scope: str = "default", namespace: str = "default") -> list[JobState]:
-    async def read() -> list[JobState]:
-        storage = open_storage(url)
-        try:
-            return await storage.list_jobs(scope, namespace)
-        finally:
-            await storage.close()
-
-    return asyncio.run(read())
+    return in_storage(url, lambda storage: storage.list_jobs(scope, namespace))
 
 
 def write_request(tmp_path: Path, request: object) -> Path:
@@ -207,13 +198,6 @@ def test_status__unknown_job_exits_2(storage_url: str) -> None:
 
 
 # -- ray job submit -------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def ray_command(name: str) -> str:
