@@ -102,6 +102,7 @@ class JobCore:
         self._owed: tuple[JobStatus, str | None, str | None] | None = None
         self._completed_hook_ran = False
         self._stopped_hook_ran = False
+        self._removed = False
         self._first_stage_failed = 0
         self._wake = asyncio.Event()
         self._loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -129,6 +130,10 @@ class JobCore:
             # Activated for an operation on a job at rest: it answers, and the actor goes
             # unless the operation reopened the job.
             self._request_exit()
+        try:
+            await self.hosts.refresh()
+        except Exception:  # placing the first steps reads the node table again
+            log.exception("job %s: reading the step hosts failed", self.job_id)
         self.tasks.repeat("pump", self._next_kick, self._pump, STANDARD)
         every = self.options.progress_save_interval.total_seconds()
         self.tasks.repeat("save", lambda: asyncio.sleep(every), self._save_progress, STANDARD)
@@ -211,8 +216,11 @@ class JobCore:
         async with self.turns.turn("start: running"):
             if self._state.status is JobStatus.STARTING_STEPS:
                 await self._set_status(JobStatus.RUNNING)
-                # A first stage whose steps all failed to start is done: on to the next.
-                await self._check_stage()
+                try:
+                    # A first stage whose steps all failed to start is done: on to the next.
+                    await self._check_stage()
+                except Exception:
+                    log.exception("job %s: moving past its first stage failed", self.job_id)
             self._kick()
             return self._start_error(answers)
 
@@ -296,10 +304,15 @@ class JobCore:
         starts = self._plan.pop(stage, None)
         if starts is None:
             starts = await self._adopt_stage(stage)
+        # Steps whose type cannot be loaded fail to start, the whole stage at once: what
+        # `start` answers covers the first stage, not only its first wave.
+        starts, cannot = self._startable(starts)
+        if cannot:
+            await self._cannot_start(cannot)
         self.window.pending.extend(starts)
         if first_run:
-            self._first_stage_failed = 0
-            return await self._fill(count_failures=True)
+            self._first_stage_failed = len(cannot)
+            return await self._fill()
         if not starts and not self.window.active and counter.is_completed:
             await self._stage_done(stage)
         return []
@@ -307,7 +320,9 @@ class JobCore:
     async def _adopt_stage(self, stage: int) -> list[StepStart]:
         """The stage's unfinished steps in storage: those still running on a live host become
         active here again instead of being started twice; returns the others."""
-        starts = await stored_unfinished(self.storage, self.job_id, stage)
+        return await self._adopt(await stored_unfinished(self.storage, self.job_id, stage))
+
+    async def _adopt(self, starts: list[StepStart]) -> list[StepStart]:
         host_of = await self.hosts.running(self.job_id)
         rest: list[StepStart] = []
         for start in starts:
@@ -409,7 +424,22 @@ class JobCore:
         if self.state.status is JobStatus.RUNNING:
             await self._check_stage()
 
-    async def _fill(self, count_failures: bool = False) -> list[asyncio.Future[bool]]:
+    def _startable(
+        self, starts: list[StepStart]
+    ) -> tuple[list[StepStart], list[tuple[StepStart, str]]]:
+        """The steps whose type loads, and the others with the reason."""
+        good: list[StepStart] = []
+        cannot: list[tuple[StepStart, str]] = []
+        for start in starts:
+            try:
+                self._is_dedicated(start.type)
+            except Exception as error:
+                cannot.append((start, describe(error)))
+            else:
+                good.append(start)
+        return good, cannot
+
+    async def _fill(self) -> list[asyncio.Future[bool]]:
         """Hands pending steps to hosts while the window and the throttle allow. A step whose
         type cannot be loaded fails to start: it is recorded FAILED and counted."""
         answers: list[asyncio.Future[bool]] = []
@@ -431,12 +461,20 @@ class JobCore:
                 host = self.hosts.place(self.job_id, shared[0], dedicated=False)
                 answers.append(self._send(host, shared))
             if cannot:
-                if count_failures:
-                    self._first_stage_failed += len(cannot)
                 await self._cannot_start(cannot)
         return answers
 
     async def _cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:
+        try:
+            await self._store_cannot_start(failures)
+        except Exception:
+            self.window.requeue(start for start, _why in failures)
+            raise
+        for start, why in failures:
+            log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why)
+            self._settle(start, Outcome(start.step_id, start.attempt, StepStatus.FAILED, why))
+
+    async def _store_cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:
         await self.storage.update_steps(
             [
                 StepUpdate(
@@ -449,9 +487,6 @@ class JobCore:
                 for start, why in failures
             ]
         )
-        for start, why in failures:
-            log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why)
-            self._settle(start, Outcome(start.step_id, start.attempt, StepStatus.FAILED, why))
 
     def _is_dedicated(self, type_path: str) -> bool:
         dedicated = self._dedicated.get(type_path)
@@ -520,12 +555,18 @@ class JobCore:
                 lost = self.window.on_host(host)
                 if lost and self.options.lease_seconds is None:
                     log.warning(
-                        "job %s: host %s died with %d steps; starting them again",
+                        "job %s: host %s died with %d steps; %s",
                         self.job_id,
                         host,
                         len(lost),
+                        "starting them again" if self.live else "they are stopped",
                     )
-                    self.window.requeue(lost)
+                    if self.live:
+                        self.window.requeue(lost)
+                    else:
+                        for start in lost:
+                            self.accept(Outcome(start.step_id, start.attempt, StepStatus.STOPPED))
+                        await self._finish_stop_when_reported()
                 await self.hosts.refresh()
             self._kick()
 
@@ -670,6 +711,8 @@ class JobCore:
         """Finishes the stop once every step has reported; False when finishing failed."""
         if self.window.active or self.state is None or not stopping.stop_owed(self.state):
             return True
+        if self._removed:
+            return True
         return await self._finish_stop()
 
     async def _finish_stop(self) -> bool:
@@ -678,13 +721,15 @@ class JobCore:
         removing = self._state.status is JobStatus.REMOVING
         try:
             await self._save()
-            if removing or not self._stopped_hook_ran:
+            if not self._stopped_hook_ran:
+                # Once per execution: a finish retried after a later part failed skips it.
                 await self._job.on_stopped()
                 self._stopped_hook_ran = True
             if removing:
                 await self.storage.remove_job_steps(self.job_id)
                 await self.storage.remove_job_counted(self.job_id)
                 await self.storage.remove_job(self.job_id)
+                self._removed = True
             else:
                 await self._save(stop_finalized=True)
         except Exception as error:
@@ -726,6 +771,12 @@ class JobCore:
                 )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
         self.stages.recount(await self.storage.count_by_status(self.job_id))
+        unfinished = await stored_unfinished(self.storage, self.job_id, state.stage)
+        # A stop counted for a step that has since reached its outcome (a take-back lost with
+        # an activation before it was saved) is taken back now.
+        stored = {start.step_id for start in unfinished}
+        for step_id in [s for s in self.counting.stopped if s not in stored]:
+            self.counting.take_back_stop(step_id)
         resuming.rebase_stops(self.stages, len(self.counting.stopped), state.stage)
         self.counting.records = True
         self.state = state.model_copy(
@@ -735,7 +786,7 @@ class JobCore:
         self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
         # their reports count, and a stop while the hook is owed reaches them.
-        await self._adopt_stage(state.stage)
+        await self._adopt(unfinished)
         try:
             await self._set_status(JobStatus.RUNNING)
         except Exception:
@@ -831,6 +882,12 @@ class JobCore:
         if state.status.is_preparing and state.has_plan and not self.live:
             # Startup was interrupted after its plan was stored: it finishes through resume.
             await self._resume(explicit=False)
+            return
+        if stopping.stop_owed(state) and not self.live:
+            # A stop is final once every step reported it: lost reports are settled here too.
+            if self.window.active:
+                await self._settle_lost_reports(state.stage)
+            await self._finish_stop_when_reported()
             return
         if state.status is not JobStatus.RUNNING:
             return
