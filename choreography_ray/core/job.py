@@ -884,10 +884,12 @@ class JobCore:
             await self._resume(explicit=False)
             return
         if stopping.stop_owed(state) and not self.live:
-            # A stop is final once every step reported it: lost reports are settled here too.
+            # A stop is final once every step reported it: lost reports are settled here too,
+            # and a finish that failed waits for its own timer.
             if self.window.active:
                 await self._settle_lost_reports(state.stage)
-            await self._finish_stop_when_reported()
+                if not self._timers.armed("finish"):
+                    await self._finish_stop_when_reported()
             return
         if state.status is not JobStatus.RUNNING:
             return

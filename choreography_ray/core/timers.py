@@ -36,6 +36,9 @@ class Timers:
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         return STANDARD.delay(failures)
 
+    def armed(self, name: str) -> bool:
+        return name in self._due
+
     def due(self, name: str) -> bool:
         """Whether `name` is due; a due timer is disarmed."""
         at = self._due.get(name)

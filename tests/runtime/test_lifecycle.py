@@ -22,6 +22,7 @@ import choreography_ray as cr
 from choreography_ray.model import JobState, StepState
 from choreography_ray.runtime.messages import Outcome
 from choreography_ray.storage import CountedKind, Storage
+from tests.runtime.conftest import FAST
 from tests.runtime.lifecycle_jobs import (
     TRACES,
     AdmissionWaits,
@@ -95,6 +96,25 @@ def kill_job_actor(job_id: str) -> None:
         ),
         30,
         "Ray to restart the job actor",
+    )
+
+
+def job_actor_alive(job_id: str) -> bool:
+    try:
+        job_actor(job_id)
+    except ValueError:
+        return False
+    return True
+
+
+def activate_job_actor(storage_url: str, job_id: str) -> None:
+    """Activates the job's actor as the manager does, with this test module's options."""
+    from choreography_ray.runtime.job_actor import JobActor
+    from choreography_ray.runtime.names import actor_options, job_name
+
+    options = cr.JobsOptions(**{**FAST, "job_watchdog_interval": HAND_DRIVEN})
+    JobActor.options(**actor_options(job_name(job_id), RAY_NAMESPACE)).remote(  # type: ignore[attr-defined]
+        job_id, storage_url, options.model_dump_json(), RAY_NAMESPACE
     )
 
 
@@ -693,13 +713,12 @@ def test_watchdog__never_resumes_a_stopped_job(connect: Any, scope: str, storage
     manager.stop(job_id)
     eventually(lambda: manager.get(job_id).stop_finalized, 15, "the stop to be finalized")
     set_flag(job_id, "go")
-
-    kill_job_actor(job_id)  # reactivation: the stop stands
-    eventually(
-        lambda: ask(job_id, "watchdog_ticks") >= 3,
-        20,
-        "three watchdog ticks of the reactivated job",
-    )
+    # The stopped job's actor exits; a new activation (as an operation or a rehydration would
+    # make) ticks its watchdog, and the stop stands.
+    eventually(lambda: not job_actor_alive(job_id), 15, "the stopped job's actor to exit")
+    activate_job_actor(storage_url, job_id)
+    for _ in range(3):
+        ask(job_id, "tick")
 
     state = manager.get(job_id)
     assert (state.status, state.stop_finalized) == (S.STOPPED, True)
