@@ -1,0 +1,412 @@
+"""The faults of a chaos run, and the cluster they are injected into.
+
+`ChaosCluster` owns one run's `ray.cluster_utils.Cluster` (a head and worker nodes of one CPU
+each, Ray's health checks shortened so a removed node is declared dead in about 2 s), the Ray
+connection and the `Jobs` handle; it can add and remove nodes and restart the whole cluster on
+the same SQLite file.
+
+`inject(kind, ...)` carries out one fault and says what it did. Everything is black-box: actors
+are found by name in Ray's actor table and killed with `ray.kill` or SIGKILL of their process,
+nodes through the Cluster, storage faults through a second SQLite connection that holds the
+write lock (a real fault) or through the run's control file read by the test-only wrapper
+(`storage_faults`), operator actions through the public manager API. Two faults reach past the
+public API, through actor methods Ray exposes anyway: `drop_deliveries` (the step hosts' test
+hook) and a duplicate delivery (the job actor's `report_outcomes` called again with outcomes
+the step log shows were already reported).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import ray
+from ray.cluster_utils import Cluster
+
+import choreography_ray as cr
+from tests.chaos import storage_faults
+from tests.chaos.jobs import RUN_DIR_ENV
+from tests.support import free_port, read_trace
+
+T = TypeVar("T")
+
+#: Ray declares a silent node dead after 3 missed checks 0.5 s apart, not after about 30 s.
+HEALTH = {
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+    "health_check_initial_delay_ms": 0,
+}
+
+#: Seconds a client call keeps retrying while Ray restarts the actor it calls.
+CALL_PATIENCE = 60.0
+
+#: The SQLite busy timeout of the provider, in seconds: a lock held longer refuses writes.
+SQLITE_BUSY_TIMEOUT = 30.0
+
+#: Holds the SQLite write lock in a second process: the argument is the file and the seconds.
+LOCK_SCRIPT = """
+import sqlite3, sys, time
+connection = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+connection.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+connection.execute("ROLLBACK")
+connection.close()
+"""
+
+#: Every kind of fault, in the order reports list them.
+PROCESS_FAULTS = (
+    "kill_host_ray",
+    "kill_host_sigkill",
+    "kill_job_actor",
+    "kill_manager",
+    "kill_recovery",
+)
+NODE_FAULTS = ("remove_node", "add_node", "restart_cluster")
+STORAGE_FAULTS = (
+    "storage_lock",
+    "storage_lock_refuse",
+    "storage_refuse",
+    "storage_slow",
+    "storage_lost_ack",
+)
+DELIVERY_FAULTS = ("drop_deliveries", "duplicate_delivery")
+OPERATOR_ACTIONS = ("op_stop", "op_resume", "op_double_resume", "op_remove", "op_retry_failed")
+KINDS = PROCESS_FAULTS + NODE_FAULTS + STORAGE_FAULTS + DELIVERY_FAULTS + OPERATOR_ACTIONS
+
+#: Faults that can lose a running step or its outcome's write: a step in flight at one of
+#: them may run again.
+LOSSY = frozenset(
+    {"kill_host_ray", "kill_host_sigkill", "remove_node", "restart_cluster", *STORAGE_FAULTS}
+)
+
+
+@dataclass
+class ClientStats:
+    """Ray errors the public client let through while the harness rode out a restart."""
+
+    ray_errors: dict[str, int] = field(default_factory=dict)
+
+    def count(self, error: BaseException) -> None:
+        name = type(error).__name__
+        self.ray_errors[name] = self.ray_errors.get(name, 0) + 1
+
+
+class ChaosCluster:
+    """One run's Ray cluster, connection and jobs manager."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        storage_url: str,
+        options: cr.JobsOptions,
+        namespace: str,
+        scope: str,
+        worker_nodes: int = 1,
+        dashboard: bool = False,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.run_dir = run_dir
+        self.storage_url = storage_url
+        self.storage_path = storage_url.removeprefix("sqlite:///")
+        self.options = options
+        self.namespace = namespace
+        self.scope = scope
+        self.initial_workers = worker_nodes
+        self.dashboard = dashboard
+        self.log = log
+        self.cluster: Cluster | None = None
+        self.jobs: cr.Jobs | None = None
+        self._manager: cr.JobsManager | None = None
+        self.stats = ClientStats()
+        self.restarts = 0
+        self.lock_processes: list[subprocess.Popen[str]] = []
+
+    # -- the cluster ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        os.environ[RUN_DIR_ENV] = str(self.run_dir)
+        head = {
+            "num_cpus": 1,
+            "include_dashboard": self.dashboard,
+            "gcs_server_port": free_port(),
+            "_system_config": HEALTH,
+        }
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        for _ in range(self.initial_workers):
+            self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+        ray.init(
+            address=self.cluster.address,
+            namespace=self.namespace,
+            logging_level=logging.WARNING,
+            runtime_env={
+                "worker_process_setup_hook": "tests.chaos.storage_faults.install",
+                "env_vars": {RUN_DIR_ENV: str(self.run_dir)},
+            },
+        )
+        self.jobs = cr.Jobs.connect(
+            storage=self.storage_url, options=self.options, namespace=self.namespace
+        )
+        self._manager = None
+
+    def shutdown(self) -> None:
+        for process in self.lock_processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        self.lock_processes.clear()
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+    def restart(self) -> None:
+        self.shutdown()
+        self.restarts += 1
+        self.start()
+
+    @property
+    def manager(self) -> cr.JobsManager:
+        if self._manager is None:
+            assert self.jobs is not None
+            self._manager = self.call(lambda: self.jobs.manager(self.scope, "chaos"))  # type: ignore[union-attr]
+        return self._manager
+
+    def call(self, fn: Callable[[], T], patience: float = CALL_PATIENCE) -> T:
+        """`fn()`, retried while Ray says the actor it calls is restarting (the public client
+        lets Ray's errors through today; each one is counted)."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return fn()
+            except cr.ChoreographyError:
+                raise  # the project's own error (Ray wraps it in a RayTaskError of its type)
+            except ray.exceptions.RayError as error:
+                self.stats.count(error)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    # -- what is alive ----------------------------------------------------------------------
+
+    def actors(self) -> list[dict[str, Any]]:
+        """Ray's actor table (from the GCS: no dashboard needed). The run's cluster is its own,
+        so every named actor in it is the run's."""
+        table = ray._private.state.actors()  # type: ignore[attr-defined]
+        return list(table.values())
+
+    def alive(self, prefix: str) -> list[dict[str, Any]]:
+        return [
+            a
+            for a in self.actors()
+            if a.get("Name", "").startswith(prefix) and a.get("State") in ("ALIVE", "RESTARTING")
+        ]
+
+    def worker_nodes(self) -> list[Any]:
+        assert self.cluster is not None
+        return list(self.cluster.worker_nodes)
+
+
+@dataclass
+class Injected:
+    """What one fault did: whether it was injected, and how (or why not)."""
+
+    injected: bool
+    detail: str
+    #: When the fault's effect ends, for faults that last (epoch seconds); else None.
+    until: float | None = None
+    #: The operator action's outcome: "ok", or the error's name.
+    answer: str | None = None
+
+
+def _kill_actor(world: ChaosCluster, name: str) -> Injected:
+    try:
+        handle = ray.get_actor(name, namespace=world.namespace)
+    except ValueError:
+        return Injected(False, f"{name} is not alive")
+    ray.kill(handle, no_restart=False)
+    return Injected(True, f"ray.kill({name}, no_restart=False)")
+
+
+def _host_for(world: ChaosCluster, job_id: str, pick: float) -> dict[str, Any] | None:
+    """A step host running steps of the job, else any alive step host."""
+    hosts = sorted(
+        (a for a in world.alive("step-host/") if a.get("State") == "ALIVE"),
+        key=lambda a: str(a["Name"]),
+    )
+    if not hosts:
+        return None
+    busy: list[dict[str, Any]] = []
+    for host in hosts:
+        try:
+            handle = ray.get_actor(host["Name"], namespace=world.namespace)
+            if ray.get(handle.running_steps.remote(job_id), timeout=5):
+                busy.append(host)
+        except Exception:
+            continue
+    choice = busy or hosts
+    return choice[int(pick * len(choice)) % len(choice)]
+
+
+def _lock(world: ChaosCluster, seconds: float) -> Injected:
+    process = subprocess.Popen(
+        [sys.executable, "-c", LOCK_SCRIPT, world.storage_path, str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    world.lock_processes.append(process)
+    assert process.stdout is not None
+    line = process.stdout.readline().strip()
+    if line != "locked":
+        return Injected(False, f"the lock helper did not get the write lock ({line!r})")
+    return Injected(
+        True,
+        f"a second process holds BEGIN EXCLUSIVE on the SQLite file for {seconds:.1f} s",
+        until=time.time() + seconds,
+    )
+
+
+def _outcome_wire(event: dict[str, Any]) -> tuple[str, int, str, str | None]:
+    """A step's logged end as the job actor receives it: (step_id, attempt, status, message)."""
+    status = {
+        "ok": cr.StepStatus.COMPLETED_SUCCESSFULLY,
+        "fail": cr.StepStatus.COMPLETED_WITH_FAILURE,
+        "raise": cr.StepStatus.FAILED,
+        "stopped": cr.StepStatus.STOPPED,
+    }[event["result"]]
+    message = None
+    if event["result"] == "fail":
+        message = f"chaos step {event['n']} fails at attempt {event['attempt']}"
+    elif event["result"] == "raise":
+        message = f"RuntimeError: chaos step {event['n']} raises at attempt {event['attempt']}"
+    return (event["step"], int(event["attempt"]), status.value, message)
+
+
+def _operate(world: ChaosCluster, job_id: str, method: str) -> Injected:
+    manager = world.manager
+    try:
+        answer = world.call(lambda: getattr(manager, method)(job_id))
+    except cr.JobOperationError as error:
+        return Injected(True, f"{method} raised {error.error!r}", answer=str(error.error))
+    return Injected(True, f"{method} answered {answer!r}", answer="ok")
+
+
+def inject(
+    world: ChaosCluster,
+    kind: str,
+    job_id: str,
+    *,
+    seconds: float,
+    pick: float,
+    step_log: Path,
+) -> Injected:
+    """Carries out one fault of `kind` aimed at the job `job_id`. `seconds` is how long a
+    lasting fault lasts; `pick` (0..1, from the seed) chooses among candidates."""
+    if kind == "kill_host_ray" or kind == "kill_host_sigkill":
+        host = _host_for(world, job_id, pick)
+        if host is None:
+            return Injected(False, "no step host alive")
+        if kind == "kill_host_ray":
+            return _kill_actor(world, host["Name"])
+        pid = int(host.get("Pid") or 0)
+        if pid <= 0:
+            return Injected(False, f"no pid for {host['Name']}")
+        os.kill(pid, signal.SIGKILL)
+        return Injected(True, f"SIGKILL to {host['Name']} (pid {pid})")
+    if kind == "kill_job_actor":
+        return _kill_actor(world, f"job/{job_id}")
+    if kind == "kill_manager":
+        return _kill_actor(world, f"jobs-manager/{world.scope}/chaos")
+    if kind == "kill_recovery":
+        return _kill_actor(world, "recovery")
+    if kind == "remove_node":
+        workers = world.worker_nodes()
+        if not workers:
+            return Injected(False, "only the head node is left")
+        node = workers[int(pick * len(workers)) % len(workers)]
+        assert world.cluster is not None
+        world.cluster.remove_node(node, allow_graceful=False)
+        return Injected(True, f"removed worker node {node.node_id[:12]} (its processes killed)")
+    if kind == "add_node":
+        assert world.cluster is not None
+        node = world.cluster.add_node(num_cpus=1)
+        return Injected(True, f"added node {node.node_id[:12]}")
+    if kind == "restart_cluster":
+        world.restart()
+        return Injected(True, "shut the whole cluster down and started a new one on the file")
+    if kind == "storage_lock":
+        return _lock(world, seconds)
+    if kind == "storage_lock_refuse":
+        return _lock(world, SQLITE_BUSY_TIMEOUT + seconds)
+    if kind in ("storage_refuse", "storage_slow", "storage_lost_ack"):
+        mode = kind.removeprefix("storage_")
+        storage_faults.set_fault(world.run_dir, mode, seconds, delay=0.3 + pick, p=0.5)
+        return Injected(True, f"wrapper: {mode} for {seconds:.1f} s", until=time.time() + seconds)
+    if kind == "drop_deliveries":
+        told = 0
+        errors: list[str] = []
+        for host in world.alive("step-host/"):
+            try:
+                handle = ray.get_actor(host["Name"], namespace=world.namespace)
+                ray.get(handle.drop_deliveries.remote([job_id]), timeout=10)
+                told += 1
+            except Exception as error:
+                errors.append(f"{host['Name']}: {type(error).__name__}: {error}")
+        if not told:
+            return Injected(False, f"no step host answered ({'; '.join(errors) or 'none alive'})")
+        return Injected(True, f"{told} step hosts drop every delivery to the job from now on")
+    if kind == "duplicate_delivery":
+        now = time.time()
+        ended = [
+            e
+            for e in read_trace(step_log)
+            if e["event"] == "end" and e["job"] == job_id and e["at"] < now - 1.0
+        ]
+        if not ended:
+            return Injected(False, "no outcome reported yet")
+        start = int(pick * len(ended)) % len(ended)
+        batch = [_outcome_wire(e) for e in (ended[start:] + ended[:start])[:25]]
+        try:
+            handle = ray.get_actor(f"job/{job_id}", namespace=world.namespace)
+            ray.get(handle.report_outcomes.remote(batch), timeout=30)
+        except Exception as error:
+            return Injected(False, f"the job actor is not there ({type(error).__name__})")
+        return Injected(True, f"delivered {len(batch)} reported outcomes again")
+    if kind == "op_stop":
+        return _operate(world, job_id, "stop")
+    if kind == "op_resume":
+        return _operate(world, job_id, "resume")
+    if kind == "op_remove":
+        return _operate(world, job_id, "remove")
+    if kind == "op_retry_failed":
+        return _operate(world, job_id, "retry_failed_steps")
+    if kind == "op_double_resume":
+        answers: list[Injected] = []
+        threads = [
+            threading.Thread(target=lambda: answers.append(_operate(world, job_id, "resume")))
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        oks = sum(1 for a in answers if a.answer == "ok")
+        return Injected(
+            True,
+            "two resumes at once: " + "; ".join(a.detail for a in answers),
+            answer="ok" if oks else (answers[0].answer if answers else None),
+        )
+    raise ValueError(f"unknown fault kind {kind!r}")

@@ -1,0 +1,683 @@
+"""The chaos harness: a run planned from a seed, carried out in a subprocess, checked after.
+
+`plan_run(seed, profile)` draws everything a run does from `random.Random(seed)`: one to three
+jobs (random stages, failing, raising and flaky steps, sync and dedicated steps, a step time
+that makes each job run for a few seconds), the options (window, leases on or off, attempts)
+and the fault schedule (each fault fires when its job has a drawn share of its steps ended, or
+once the job has settled). The plan and the schedule are reproducible from the seed; timing is
+not: which steps are in flight when a fault fires depends on the machine.
+
+`run_seed(seed, profile)` runs one plan in a subprocess of its own (a Ray cluster cannot share
+a process with another one, and a hung run is killed with its process group), and returns the
+run's result: what each fault did, the invariants violated, the re-runs of in-flight steps, and
+the time each fault took the jobs to make progress again. `python -m tests.chaos.harness SEED
+[PROFILE]` runs one seed in the foreground and prints its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The repository root: the chaos subprocess runs there, with it on PYTHONPATH.
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Where runs keep their files: per run, its step log, hooks log, SQLite file and driver log.
+RUNS_DIR = Path(tempfile.gettempdir()) / "choreography-chaos"
+
+#: The faults of the storage wrapper (`storage_faults`): injected only if a write met them.
+WRAPPER_FAULTS = ("storage_refuse", "storage_slow", "storage_lost_ack")
+
+#: The Ray namespace of every run (each run has its own cluster).
+RAY_NAMESPACE = "chaos"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How big a run is drawn."""
+
+    name: str
+    jobs: tuple[int, int]
+    steps: tuple[int, int]
+    faults: tuple[int, int]
+    #: Seconds each job should run for without faults (its step time is drawn to fit).
+    job_seconds: tuple[float, float]
+    #: Weight of each fault kind in the draw.
+    weights: dict[str, float]
+    #: Seconds every job has, after the last fault, to settle.
+    settle_timeout: float
+    #: Seconds the whole run may take before it is stopped and reported.
+    deadline: int
+
+
+_COMMON = {
+    "kill_host_ray": 3.0,
+    "kill_host_sigkill": 3.0,
+    "kill_job_actor": 3.0,
+    "kill_manager": 1.5,
+    "kill_recovery": 1.0,
+    "remove_node": 2.0,
+    "add_node": 1.0,
+    "restart_cluster": 1.5,
+    "storage_lock": 2.0,
+    "storage_refuse": 1.5,
+    "storage_slow": 1.0,
+    "storage_lost_ack": 2.0,
+    "drop_deliveries": 1.5,
+    "duplicate_delivery": 2.0,
+    "op_stop": 1.5,
+    "op_resume": 1.0,
+    "op_double_resume": 1.0,
+    "op_remove": 1.0,
+    "op_retry_failed": 1.5,
+}
+
+PROFILES = {
+    # CI: about 20-30 s a run on two cores, most of it Ray starting.
+    "ci": Profile(
+        name="ci",
+        jobs=(1, 2),
+        steps=(150, 400),
+        faults=(1, 2),
+        job_seconds=(3.0, 6.0),
+        weights=_COMMON,
+        settle_timeout=90.0,
+        deadline=240,
+    ),
+    # The soak: bigger jobs, more faults, and the lock held past SQLite's busy timeout.
+    "soak": Profile(
+        name="soak",
+        jobs=(1, 3),
+        steps=(300, 2000),
+        faults=(1, 4),
+        job_seconds=(4.0, 12.0),
+        weights={**_COMMON, "storage_lock_refuse": 0.5},
+        settle_timeout=150.0,
+        deadline=480,
+    ),
+}
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    kind: str
+    #: The index of the job it aims at.
+    job: int
+    #: Fires once this share of the job's steps have ended (1.0: once the job has settled).
+    at: float
+    #: How long a lasting fault lasts, in seconds.
+    seconds: float
+    #: Chooses among candidates (which host, which node), in 0..1.
+    pick: float
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job_type: str
+    #: The `ChaosRequest` as JSON data (its step log is filled in when the run starts).
+    steps: list[dict[str, Any]]
+
+    @property
+    def total(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    seed: int
+    profile: str
+    worker_nodes: int
+    leases: bool
+    window: int | None
+    attempts: int
+    jobs: list[JobPlan]
+    faults: list[FaultPlan]
+    #: Whether the cluster runs Ray's dashboard, which serves the state API (`ray.util.state`)
+    #: the lease rule asks whether a step's hosting actor is gone.
+    state_api: bool = False
+
+    def options(self) -> Any:
+        import choreography_ray as cr
+
+        return cr.JobsOptions(
+            job_watchdog_interval=0.5,
+            step_delivery_retry_delay=0.1,
+            max_step_delivery_retry_delay=0.5,
+            step_retry_backoff=0.2,
+            max_step_retry_backoff=1.0,
+            max_step_attempts=self.attempts,
+            max_active_steps_per_job=self.window,
+            step_lease_timeout=2.0 if self.leases else 0.0,
+            reconciliation_interval=2.0,
+            step_hosts_per_node=1,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The plan without its step lists."""
+        return {
+            "seed": self.seed,
+            "profile": self.profile,
+            "worker_nodes": self.worker_nodes,
+            "leases": self.leases,
+            "state_api": self.state_api,
+            "window": self.window,
+            "attempts": self.attempts,
+            "jobs": [
+                {
+                    "type": j.job_type,
+                    "steps": j.total,
+                    "stages": sorted({s["stage"] for s in j.steps}),
+                    "failing": sum(1 for s in j.steps if s["item"]["ending"] != "ok"),
+                    "flaky": sum(1 for s in j.steps if s["item"]["flaky_attempts"]),
+                    "dedicated": sum(1 for s in j.steps if s["kind"] == "dedicated"),
+                    "sync": sum(1 for s in j.steps if s["kind"] == "sync"),
+                }
+                for j in self.jobs
+            ],
+            "faults": [asdict(f) for f in self.faults],
+        }
+
+
+def _job_plan(rng: random.Random, profile: Profile, window: int | None, retryable: bool) -> JobPlan:
+    total = rng.randint(*profile.steps)
+    stages = [0] if retryable else sorted(rng.sample(range(0, 60, 10), rng.randint(1, 3)))
+    # Cut points: every stage gets at least one step.
+    cuts = sorted(rng.sample(range(1, total), len(stages) - 1))
+    bounds = [0, *cuts, total]
+    seconds = rng.uniform(*profile.job_seconds)
+    parallel = window or total
+    average_ms = min(3000.0, max(5.0, seconds * 1000 * parallel / total))
+    fail_rate = rng.choice([0.0, 0.005, 0.02])
+    flaky_rate = rng.choice([0.0, 0.01, 0.05])
+    dedicated = set(rng.sample(range(total), rng.choice([0, 0, 1, 2])))
+    steps: list[dict[str, Any]] = []
+    for index, stage in enumerate(stages):
+        for n in range(bounds[index], bounds[index + 1]):
+            roll = rng.random()
+            ending = "fail" if roll < fail_rate / 2 else "raise" if roll < fail_rate else "ok"
+            kind = "dedicated" if n in dedicated else "sync" if rng.random() < 0.15 else "async"
+            steps.append(
+                {
+                    "kind": kind,
+                    "stage": stage,
+                    "item": {
+                        "log": "",
+                        "n": n,
+                        "work_ms": round(average_ms * rng.uniform(0.5, 1.5), 1),
+                        "ending": ending,
+                        "flaky_attempts": rng.randint(1, 2) if rng.random() < flaky_rate else 0,
+                    },
+                }
+            )
+    return JobPlan("retryable" if retryable else "staged", steps)
+
+
+def plan_run(seed: int, profile: str = "ci") -> RunPlan:
+    """Everything a run does, drawn from `seed`."""
+    shape = PROFILES[profile]
+    rng = random.Random(seed)
+    window = rng.choice([4, 8, 16, 32, None])
+    jobs = [
+        _job_plan(rng, shape, window, retryable=rng.random() < 0.35)
+        for _ in range(rng.randint(*shape.jobs))
+    ]
+    kinds = list(shape.weights)
+    weights = [shape.weights[k] for k in kinds]
+    faults: list[FaultPlan] = []
+    for _ in range(rng.randint(*shape.faults)):
+        kind = rng.choices(kinds, weights)[0]
+        job = rng.randrange(len(jobs))
+        at = round(rng.uniform(0.1, 0.8), 3)
+        if kind == "op_retry_failed":
+            retryable = [i for i, j in enumerate(jobs) if j.job_type == "retryable"]
+            job = rng.choice(retryable) if retryable and rng.random() < 0.8 else job
+            at = 1.0
+        elif kind == "op_resume" and rng.random() < 0.5:
+            # A stop first, and the resume once the stop is final.
+            faults.append(FaultPlan("op_stop", job, at, 0.0, rng.random()))
+            at = 1.0
+        faults.append(FaultPlan(kind, job, at, round(rng.uniform(2.0, 6.0), 2), rng.random()))
+    faults.sort(key=lambda f: f.at)
+    leases = rng.random() < 0.5
+    attempts = rng.choice([1, 2, 3])
+    # Drawn last, so that adding it left every earlier seed's plan as it was.
+    state_api = rng.random() < 0.5
+    return RunPlan(
+        seed=seed,
+        profile=profile,
+        worker_nodes=1,
+        leases=leases,
+        window=window,
+        attempts=attempts,
+        jobs=jobs,
+        faults=faults,
+        state_api=state_api,
+    )
+
+
+# -- the result -------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    job: str
+    #: Seconds after the run's first job started.
+    at: float
+    injected: bool
+    detail: str
+    #: Epoch seconds the fault began and its effect ended.
+    began: float
+    ended: float
+    answer: str | None = None
+    #: Seconds from the fault to every job it found running making progress again.
+    progress_again_after: float | None = None
+
+
+@dataclass
+class RunResult:
+    seed: int
+    profile: str
+    plan: dict[str, Any]
+    seconds: float = 0.0
+    faults: list[FaultRecord] = field(default_factory=list)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    #: Extra starts of a step at an attempt it had started at already, by why they were allowed.
+    reruns: dict[str, int] = field(default_factory=dict)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    client_ray_errors: dict[str, int] = field(default_factory=dict)
+    storage_fault_hits: dict[str, int] = field(default_factory=dict)
+    ray_sessions: list[str] = field(default_factory=list)
+    run_dir: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        data = {k: v for k, v in data.items() if k != "ok"}
+        data["faults"] = [FaultRecord(**f) for f in data.get("faults", [])]
+        return cls(**data)
+
+    def violate(self, kind: str, job: str, detail: str) -> None:
+        self.violations.append({"seed": self.seed, "kind": kind, "job": job, "detail": detail})
+
+
+# -- carrying a run out (in the run's subprocess) ---------------------------------------------
+
+
+class StepLog:
+    """The run's step log, read as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self.ended: defaultdict[str, set[str]] = defaultdict(set)
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as file:
+            file.seek(self._offset)
+            data = file.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        for line in data[:end].splitlines():
+            if line.strip():
+                event = json.loads(line)
+                if event["event"] == "end":
+                    self.ended[event["job"]].add(event["step"])
+
+
+SETTLED = ("CompletedSuccessfully", "CompletedWithFailures", "Failed")
+
+
+def _status(world: Any, job_id: str) -> tuple[str, int]:
+    """The job's stored status (`removed` once it is gone, `stopped` once a stop is final) and
+    how many of its steps have a counted outcome."""
+    import choreography_ray as cr
+
+    try:
+        state = world.call(lambda: world.manager.get(job_id))
+    except cr.JobOperationError as error:
+        if error.error is cr.JobLookupError.JOB_NOT_FOUND:
+            return "removed", 0
+        raise
+    p = state.progress
+    done = p.successful_steps + p.failed_steps + p.unreachable_steps + p.stopped_steps
+    if state.status is cr.JobStatus.STOPPED:
+        return ("stopped" if state.stop_finalized else "stopping"), done
+    return str(state.status.value), done
+
+
+def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
+    """Carries the plan out on a cluster of its own and checks the invariants."""
+    from tests.chaos import faults as chaos_faults
+    from tests.chaos import invariants
+    from tests.chaos.jobs import JOB_TYPES, ChaosRequest
+
+    result = RunResult(seed=plan.seed, profile=plan.profile, plan=plan.summary())
+    result.run_dir = str(run_dir)
+    step_log = run_dir / "steps.jsonl"
+    world = chaos_faults.ChaosCluster(
+        run_dir=run_dir,
+        storage_url=f"sqlite:///{run_dir / 'jobs.db'}",
+        options=plan.options(),
+        namespace=RAY_NAMESPACE,
+        scope=f"chaos-{plan.seed}",
+        worker_nodes=plan.worker_nodes,
+        dashboard=plan.state_api,
+        log=log,
+    )
+    shape = PROFILES[plan.profile]
+    began = time.time()
+    try:
+        world.start()
+        result.ray_sessions.append(_session_dir())
+        job_ids: list[str] = []
+        for job in plan.jobs:
+            steps = [{**s, "item": {**s["item"], "log": str(step_log)}} for s in job.steps]
+            request = ChaosRequest.model_validate({"steps": steps})
+            start_job = functools.partial(world.manager.start, JOB_TYPES[job.job_type], request)
+            started = world.call(start_job)
+            job_ids.append(started.job_id)
+            log(f"seed {plan.seed}: job {started.job_id} ({job.job_type}, {job.total} steps)")
+        t0 = time.time()
+        follower = StepLog(step_log)
+        progress: dict[str, list[tuple[float, int]]] = {j: [] for j in job_ids}
+        states: dict[str, str] = {}
+
+        def look() -> None:
+            follower.poll()
+            for job_id in job_ids:
+                status, done = _status(world, job_id)
+                states[job_id] = status
+                progress[job_id].append((time.time(), done))
+
+        def settled(job_id: str) -> bool:
+            return states.get(job_id) in (*SETTLED, "stopped", "removed")
+
+        pending = list(plan.faults)
+        #: Per injected fault, the jobs that had not settled when it began.
+        running_at: list[list[str]] = []
+        last_look = 0.0
+        fault_deadline = time.monotonic() + shape.deadline / 2
+        while pending:
+            if time.monotonic() - last_look > 0.3:
+                look()
+                last_look = time.monotonic()
+            fault = pending[0]
+            job_id = job_ids[fault.job]
+            share = len(follower.ended[job_id]) / plan.jobs[fault.job].total
+            late = time.monotonic() > fault_deadline
+            if settled(job_id) or late or (fault.at < 1.0 and share >= fault.at):
+                pending.pop(0)
+                running = [j for j in job_ids if not settled(j)]
+                start = time.time()
+                try:
+                    injected = chaos_faults.inject(
+                        world,
+                        fault.kind,
+                        job_id,
+                        seconds=fault.seconds,
+                        pick=fault.pick,
+                        step_log=step_log,
+                    )
+                except Exception as error:
+                    injected = chaos_faults.Injected(
+                        False, f"the injection raised {type(error).__name__}: {error}"
+                    )
+                end = injected.until or time.time()
+                if fault.kind == "restart_cluster":
+                    result.ray_sessions.append(_session_dir())
+                record = FaultRecord(
+                    kind=fault.kind,
+                    job=job_id,
+                    at=round(start - t0, 3),
+                    injected=injected.injected,
+                    detail=injected.detail,
+                    began=start,
+                    ended=end,
+                    answer=injected.answer,
+                )
+                running_at.append(running)
+                result.faults.append(record)
+                log(f"seed {plan.seed}: +{record.at:.1f}s {fault.kind}: {injected.detail}")
+            else:
+                time.sleep(0.05)
+
+        # Every job settles within the bound; a stop is final only if one was the last word.
+        expectations = invariants.expectations(result.faults, job_ids)
+        deadline = time.monotonic() + shape.settle_timeout
+        while True:
+            look()
+            waiting = [j for j in job_ids if not expectations[j].satisfied_by(states[j])]
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        for job_id in waiting:
+            result.violate(
+                "not_settled",
+                job_id,
+                f"still {states[job_id]} {shape.settle_timeout:.0f} s after the last fault "
+                f"(expected {expectations[job_id].describe()})",
+            )
+        for record, running in zip(result.faults, running_at, strict=True):
+            if record.injected and not record.kind.startswith("op_"):
+                record.progress_again_after = invariants.progress_again(
+                    progress, running, record.began, record.ended
+                )
+        invariants.check(world, plan, result, job_ids, states, expectations, step_log, run_dir)
+        result.jobs = [
+            {"job": j, "status": states[j], "steps": plan.jobs[i].total}
+            for i, j in enumerate(job_ids)
+        ]
+    except Exception:
+        result.error = traceback.format_exc()
+    finally:
+        result.client_ray_errors = dict(world.stats.ray_errors)
+        result.storage_fault_hits = dict(
+            Counter(e["mode"] for e in _read(run_dir / "storage_faults.jsonl"))
+        )
+        for record in result.faults:
+            mode = record.kind.removeprefix("storage_")
+            if record.kind in WRAPPER_FAULTS and not result.storage_fault_hits.get(mode):
+                # Turned on, but no write met it (or the wrapper is not in place).
+                record.injected = False
+                record.detail += " (no write met it)"
+        try:
+            world.shutdown()
+        except Exception:
+            log(f"seed {plan.seed}: cluster shutdown failed: {traceback.format_exc()}")
+        result.seconds = round(time.time() - began, 1)
+    return result
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    from tests.support import read_trace
+
+    return read_trace(path)
+
+
+def _session_dir() -> str:
+    import ray
+
+    try:
+        node: Any = ray._private.worker._global_node
+        return str(node.get_session_dir_path())
+    except Exception:
+        return ""
+
+
+# -- running a seed (in the caller's process) -------------------------------------------------
+
+
+def run_seed(seed: int, profile: str = "ci", keep: bool = False, stream: Any = None) -> RunResult:
+    """Runs one seed in a subprocess with its own process group and returns its result. The
+    run's directory (step log, hooks log, SQLite file, driver log) is kept when the run fails
+    or `keep` is set."""
+    run_dir = RUNS_DIR / f"{profile}-{seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    deadline = PROFILES[profile].deadline
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"}
+    env.pop("CHAOS_RUN_DIR", None)
+    driver_log = run_dir / "driver.log"
+    with driver_log.open("w") as err:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.chaos.harness",
+                "--child",
+                str(seed),
+                profile,
+                str(run_dir),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, _ = process.communicate(timeout=deadline + 90)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, _ = process.communicate()
+            out += "\n"
+    result: RunResult | None = None
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if lines:
+        try:
+            result = RunResult.from_json(json.loads(lines[-1]))
+        except (ValueError, TypeError):
+            result = None
+    if result is None:
+        plan = plan_run(seed, profile)
+        result = RunResult(seed=seed, profile=profile, plan=plan.summary(), run_dir=str(run_dir))
+        tail = driver_log.read_text()[-4000:] if driver_log.exists() else ""
+        code = process.returncode
+        result.error = f"the run's process ended without a result (code {code}):\n{tail}"
+    # Ray's processes share the run's process group; none may outlive it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if stream is not None:
+        stream.write(driver_log.read_text() if driver_log.exists() else "")
+    if result.ok and not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return result
+
+
+def _child(seed: int, profile: str, run_dir: Path) -> None:
+    plan = plan_run(seed, profile)
+    deadline = PROFILES[profile].deadline
+
+    def on_deadline(*_: Any) -> None:
+        raise TimeoutError(f"chaos run of seed {seed} still running after {deadline} s")
+
+    signal.signal(signal.SIGALRM, on_deadline)
+    signal.alarm(deadline)
+    try:
+        result = execute(plan, run_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        signal.alarm(0)
+    print(json.dumps(result.to_json()), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--child":
+        _child(int(argv[1]), argv[2], Path(argv[3]))
+        return 0
+    seed = int(argv[0]) if argv else 0
+    profile = argv[1] if len(argv) > 1 else "ci"
+    result = run_seed(seed, profile, keep=True, stream=sys.stderr)
+    print(json.dumps(result.to_json(), indent=2))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+# -- many runs ----------------------------------------------------------------------------------
+
+
+def summarize(results: list[RunResult]) -> dict[str, Any]:
+    """The figures of a soak: runs, faults by kind (injected and not), violations with their
+    seeds, re-runs of in-flight steps, and the longest time from a fault to progress."""
+    injected: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    reruns: Counter[str] = Counter()
+    longest: dict[str, Any] | None = None
+    violations: list[dict[str, Any]] = []
+    for result in results:
+        for fault in result.faults:
+            (injected if fault.injected else skipped)[fault.kind] += 1
+            after = fault.progress_again_after
+            if after is not None and (longest is None or after > longest["seconds"]):
+                longest = {"seconds": after, "seed": result.seed, "kind": fault.kind}
+        reruns.update(result.reruns)
+        violations.extend(result.violations)
+        if result.error is not None:
+            first = result.error.strip().splitlines()[-1] if result.error.strip() else ""
+            violations.append(
+                {"seed": result.seed, "kind": "harness_error", "job": "", "detail": first}
+            )
+    in_flight = sum(n for key, n in reruns.items() if key.startswith("in_flight:"))
+    return {
+        "runs": len(results),
+        "failed_seeds": sorted({v["seed"] for v in violations}),
+        "faults_injected": dict(sorted(injected.items())),
+        "faults_not_injected": dict(sorted(skipped.items())),
+        "violations": violations,
+        "reruns": dict(sorted(reruns.items())),
+        "reruns_in_flight": in_flight,
+        "reruns_after_outcome": sum(reruns.values()) - in_flight,
+        "longest_fault_to_progress": longest,
+        "seconds": round(sum(r.seconds for r in results), 1),
+    }
+
+
+def describe(result: RunResult) -> str:
+    """A failing run in a few lines, with the command that runs its seed again."""
+    lines = [
+        f"chaos seed {result.seed} ({result.profile}) failed; run it again with "
+        f"`choreography-ray chaos --runs 1 --seed {result.seed} --profile {result.profile}` "
+        f"or `python -m tests.chaos.harness {result.seed} {result.profile}`",
+        f"run directory: {result.run_dir}; Ray sessions: {', '.join(result.ray_sessions)}",
+        "faults: "
+        + "; ".join(
+            f"+{f.at:.1f}s {f.kind} ({'injected' if f.injected else 'not injected'}: {f.detail})"
+            for f in result.faults
+        ),
+    ]
+    lines += [f"violated {v['kind']} (job {v['job']}): {v['detail']}" for v in result.violations]
+    if result.error:
+        lines.append(f"harness error:\n{result.error}")
+    return "\n".join(lines)

@@ -1,0 +1,371 @@
+"""The invariants a chaos run is checked against, once every job has settled.
+
+1. every job settles within the bound: a terminal status, `STOPPED` with its stop final when
+   a stop was the last operator word, or gone when it was removed (`expectations`);
+2. per step, the counted outcome matches its last attempt: a step missing from storage ended
+   `ok` at its highest attempt, a stored failure is that attempt's failure, an `UNREACHABLE`
+   step never ran;
+3. no outcome counted twice: the job's progress (totals and per stage) equals what its stored
+   steps say, and the counts add up to its steps;
+4. a step whose outcome was stored runs again at the same attempt only if it was in flight at
+   a fault that can lose a step or a write (`faults.LOSSY`); such re-runs are counted;
+5. `on_completed` ran at most once per completion (a successful retry-failed reopens the job);
+6. nothing is left behind: after a remove no job record, steps, counted records or actors;
+   after a job settles, no job actor and no dedicated step actor.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.faults import LOSSY, ChaosCluster
+from tests.support import in_storage, read_trace
+
+#: Seconds after a step's perform ended within which its outcome may still be unwritten (the
+#: group commit, a busy 2-core machine): a lossy fault then may still make it run again.
+WRITE_GRACE = 3.0
+
+#: Seconds a removal, or an actor's exit after its job settled, may take.
+CLEANUP_TIMEOUT = 30.0
+
+TERMINAL = ("CompletedSuccessfully", "CompletedWithFailures", "Failed")
+FAILED_STATUSES = ("CompletedWithFailure", "Failed")
+
+
+@dataclass
+class Expectation:
+    may_stop: bool = False
+    removed: bool = False
+
+    def satisfied_by(self, status: str) -> bool:
+        if self.removed:
+            return status == "removed"
+        return status in TERMINAL or (self.may_stop and status == "stopped")
+
+    def describe(self) -> str:
+        if self.removed:
+            return "removed"
+        return "terminal" + (" or stopped" if self.may_stop else "")
+
+
+def expectations(faults: Sequence[Any], job_ids: Sequence[str]) -> dict[str, Expectation]:
+    """What each job must end as, from the operator actions that were answered."""
+    out = {j: Expectation() for j in job_ids}
+    for fault in faults:
+        expectation = out[fault.job]
+        if fault.kind == "op_remove" and fault.answer in ("ok", "JobIsAlreadyBeingRemoved"):
+            expectation.removed = True
+        elif fault.kind == "op_remove" and fault.answer is not None:
+            expectation.removed = True  # UNKNOWN: the finish is retried on a timer
+        elif fault.kind == "op_stop" and fault.answer == "ok":
+            expectation.may_stop = True
+        elif fault.kind in ("op_resume", "op_double_resume", "op_retry_failed") and (
+            fault.answer == "ok"
+        ):
+            expectation.may_stop = False
+    return out
+
+
+def progress_again(
+    progress: dict[str, list[tuple[float, int]]],
+    running: Sequence[str],
+    began: float,
+    ended: float,
+) -> float | None:
+    """Seconds from the fault's start until every job it found running counted a further
+    outcome after the fault's effect ended (None when it found no job running, or a job never
+    counted one again: it was stopped, removed, or had nothing left to do)."""
+    latest: float | None = None
+    for job_id in running:
+        series = progress.get(job_id, [])
+        before = [done for at, done in series if at <= began]
+        base = before[-1] if before else 0
+        after = [at for at, done in series if at > ended and done > base]
+        if after:
+            latest = max(latest or 0.0, after[0] - began)
+    return None if latest is None else round(latest, 2)
+
+
+def _runs(events: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every run of every step: its start, and its end when one was logged."""
+    runs: dict[str, dict[str, Any]] = {}
+    for event in events:
+        run = runs.setdefault(event["run"], {"run": event["run"], "end": None, "result": None})
+        if event["event"] == "start":
+            run.update(job=event["job"], step=event["step"], attempt=event["attempt"])
+            run.update(start=event["at"], node=event["node"], pid=event["pid"])
+        else:
+            run.update(end=event["at"], result=event["result"])
+    by_step: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs.values():
+        if "start" in run:
+            by_step[(run["job"], run["step"])].append(run)
+    for step_runs in by_step.values():
+        step_runs.sort(key=lambda r: r["start"])
+    return by_step
+
+
+def _lossy_between(windows: list[tuple[str, float, float]], a: float, b: float) -> str | None:
+    for kind, began, ended in windows:
+        if began <= b and ended >= a:
+            return kind
+    return None
+
+
+def check_reruns(
+    result: Any, job_id: str, runs: dict[tuple[str, str], list[dict[str, Any]]], windows: Any
+) -> None:
+    for (job, step), step_runs in runs.items():
+        if job != job_id:
+            continue
+        for i, run in enumerate(step_runs):
+            earlier = [r for r in step_runs[:i] if r["attempt"] >= run["attempt"]]
+            if not earlier:
+                continue
+            ended = [r for r in earlier if r["result"] in ("ok", "fail", "raise")]
+            if ended:
+                # Its outcome was written (unless a lossy fault hit it in flight).
+                first = ended[0]
+                until = min(run["start"], first["end"] + WRITE_GRACE)
+                why = _lossy_between(windows, first["start"], until)
+                if why is None:
+                    result.violate(
+                        "outcome_rerun",
+                        job_id,
+                        f"step {step} ended {first['result']!r} at attempt {first['attempt']} "
+                        f"(run {first['run']}, pid {first['pid']}, ended {first['end']:.3f}) and "
+                        f"ran again at attempt {run['attempt']} (run {run['run']}, pid "
+                        f"{run['pid']}, started {run['start']:.3f}) with no lossy fault between",
+                    )
+                    continue
+                key = f"after_outcome:{why}"
+                result.reruns[key] = result.reruns.get(key, 0) + 1
+                continue
+            last = earlier[-1]
+            if last["result"] == "stopped":
+                why = "after_stop"
+            else:
+                why = _lossy_between(windows, last["start"], run["start"]) or "no_lossy_fault"
+            result.reruns[f"in_flight:{why}"] = result.reruns.get(f"in_flight:{why}", 0) + 1
+
+
+def check_steps(
+    result: Any,
+    job_id: str,
+    total: int,
+    state: Any,
+    records: dict[str, Any],
+    runs: dict[tuple[str, str], list[dict[str, Any]]],
+    terminal: bool,
+) -> None:
+    width = max(6, len(str(total)))
+    for n in range(total):
+        step = f"{n:0{width}d}"
+        step_runs = runs.get((job_id, step), [])
+        record = records.get(step)
+        if record is not None and record.status.value == "Unreachable":
+            if step_runs:
+                result.violate("outcome_mismatch", job_id, f"step {step} is UNREACHABLE but ran")
+            continue
+        if record is not None and record.status.value in ("Scheduled", "Stopped") and not terminal:
+            continue  # a stopped job's step that never ran or was stopped
+        if record is not None and record.status.value in ("Running", "Scheduled", "Stopped"):
+            result.violate(
+                "unfinished_step",
+                job_id,
+                f"step {step} is stored {record.status.value} (attempt {record.attempt}) in a "
+                f"job that is {state.status.value}; its runs: {_brief(step_runs)}",
+            )
+            continue
+        ended = [r for r in step_runs if r["result"] in ("ok", "fail", "raise")]
+        if not ended:
+            if record is None:
+                result.violate(
+                    "outcome_mismatch",
+                    job_id,
+                    f"step {step} is counted succeeded (no record) but no run of it ended; "
+                    f"its runs: {_brief(step_runs)}",
+                )
+            else:
+                result.violate(
+                    "outcome_mismatch",
+                    job_id,
+                    f"step {step} is stored {record.status.value} but no run of it ended; "
+                    f"its runs: {_brief(step_runs)}",
+                )
+            continue
+        top = max(r["attempt"] for r in ended)
+        last = {r["result"] for r in ended if r["attempt"] == top}
+        if record is None:
+            if last != {"ok"}:
+                result.violate(
+                    "outcome_mismatch",
+                    job_id,
+                    f"step {step} is counted succeeded but its attempt {top} ended {sorted(last)}",
+                )
+            continue
+        wanted = "fail" if record.status.value == "CompletedWithFailure" else "raise"
+        if record.attempt != top or last != {wanted}:
+            result.violate(
+                "outcome_mismatch",
+                job_id,
+                f"step {step} is stored {record.status.value} at attempt {record.attempt}, "
+                f"but its last ended attempt {top} ended {sorted(last)}; runs {_brief(step_runs)}",
+            )
+
+
+def _brief(step_runs: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"a{r['attempt']}:{r['result'] or 'no end'}@{r['start']:.2f}/pid{r['pid']}"
+        for r in step_runs
+    )
+
+
+def check_progress(
+    result: Any, job_id: str, total: int, state: Any, records: dict[str, Any], terminal: bool
+) -> None:
+    statuses = Counter(r.status.value for r in records.values())
+    p = state.progress
+    failed = sum(statuses[s] for s in FAILED_STATUSES)
+    successful = total - len(records)
+    observed = {
+        "total_steps": (p.total_steps, total),
+        "successful_steps": (p.successful_steps, successful),
+        "failed_steps": (p.failed_steps, failed),
+    }
+    if terminal:
+        observed["unreachable_steps"] = (p.unreachable_steps, statuses["Unreachable"])
+        counted = p.successful_steps + p.failed_steps + p.unreachable_steps + p.stopped_steps
+        observed["counted outcomes"] = (counted, total)
+    else:
+        counted = p.successful_steps + p.failed_steps + p.unreachable_steps + p.stopped_steps
+        if counted > total:
+            result.violate("counted_twice", job_id, f"{counted} outcomes counted of {total} steps")
+    for name, (got, want) in observed.items():
+        if got != want:
+            kind = "counted_twice" if got > want else "lost_outcome"
+            result.violate(
+                kind,
+                job_id,
+                f"{name}: the job says {got}, its stored steps say {want} "
+                f"(status {state.status.value}, progress {p.model_dump()}, "
+                f"stored {dict(statuses)})",
+            )
+    by_stage: dict[int, Counter[str]] = defaultdict(Counter)
+    for record in records.values():
+        by_stage[record.stage][record.status.value] += 1
+    for stage in p.stages:
+        stored = by_stage.get(stage.stage, Counter())
+        stage_failed = sum(stored[s] for s in FAILED_STATUSES)
+        stage_successful = stage.total_steps - sum(stored.values())
+        if stage.successful_steps != stage_successful or stage.failed_steps != stage_failed:
+            result.violate(
+                "counted_twice" if stage.successful_steps > stage_successful else "lost_outcome",
+                job_id,
+                f"stage {stage.stage}: the job counts {stage.successful_steps} successful and "
+                f"{stage.failed_steps} failed, its stored steps say {stage_successful} and "
+                f"{stage_failed}",
+            )
+
+
+def check_hooks(
+    result: Any, job_id: str, hooks: list[dict[str, Any]], faults: Sequence[Any]
+) -> None:
+    completed = sum(1 for h in hooks if h["job"] == job_id and h["event"] == "completed")
+    reopened = sum(
+        1
+        for f in faults
+        if f.job == job_id
+        and f.kind == "op_retry_failed"
+        and f.answer == "ok"
+        and not f.detail.endswith("answered 0")
+    )
+    if completed > 1 + reopened:
+        result.violate(
+            "on_completed_twice",
+            job_id,
+            f"on_completed ran {completed} times ({reopened} reopenings by retry-failed)",
+        )
+
+
+def _eventually(check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if not value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+def check_left_behind(world: ChaosCluster, result: Any, job_id: str, removed: bool) -> None:
+    def actors() -> list[str]:
+        return sorted(
+            a["Name"]
+            for prefix in (f"job/{job_id}", f"step/{job_id}/")
+            for a in world.alive(prefix)
+        )
+
+    left = _eventually(actors, CLEANUP_TIMEOUT)
+    if left:
+        result.violate("left_behind", job_id, f"actors still alive: {left}")
+    if not removed:
+        return
+
+    async def stored(storage: Any) -> list[str]:
+        from choreography_ray.storage import CountedKind
+
+        found = []
+        if await storage.get_job(job_id) is not None:
+            found.append("job record")
+        steps = await storage.list_steps(job_id, limit=5)
+        if steps:
+            found.append(f"step records ({len(steps)}+)")
+        for kind in CountedKind:
+            n = await storage.count_counted(job_id, kind)
+            if n:
+                found.append(f"{n} counted {kind} records")
+        return found
+
+    leftovers = _eventually(lambda: in_storage(world.storage_url, stored), CLEANUP_TIMEOUT)
+    if leftovers:
+        result.violate("left_behind", job_id, f"after the remove, storage still holds {leftovers}")
+
+
+def check(
+    world: ChaosCluster,
+    plan: Any,
+    result: Any,
+    job_ids: Sequence[str],
+    states: dict[str, str],
+    expected: dict[str, Expectation],
+    step_log: Path,
+    run_dir: Path,
+) -> None:
+    runs = _runs(read_trace(step_log))
+    hooks = read_trace(run_dir / "hooks.jsonl")
+    windows = [
+        (f.kind, f.began, f.ended + 0.5) for f in result.faults if f.injected and f.kind in LOSSY
+    ]
+    for index, job_id in enumerate(job_ids):
+        total = plan.jobs[index].total
+        check_reruns(result, job_id, runs, windows)
+        check_hooks(result, job_id, hooks, result.faults)
+        status = states[job_id]
+        if status == "removed":
+            check_left_behind(world, result, job_id, removed=True)
+            continue
+        if not expected[job_id].satisfied_by(status):
+            continue  # reported as not settled; its steps may still change
+        state = world.call(functools.partial(world.manager.get, job_id))
+        steps = world.call(functools.partial(world.manager.steps, job_id))
+        records = {s.step_id: s for s in steps}
+        terminal = status in TERMINAL
+        check_progress(result, job_id, total, state, records, terminal)
+        check_steps(result, job_id, total, state, records, runs, terminal)
+        check_left_behind(world, result, job_id, removed=False)
