@@ -97,6 +97,8 @@ class JobCore:
         self._dirty = False
         self._dedicated: dict[str, bool] = {}  # step type path -> dedicated
         self._watched: set[str] = set()
+        #: Active steps whose host's process is known to be gone (leases on).
+        self._lost_owner: set[str] = set()
         self._timers = Timers(self._kick)
         #: A terminal status decided (hooks ran) but not saved yet: saved before anything else.
         self._owed: tuple[JobStatus, str | None, str | None] | None = None
@@ -553,20 +555,23 @@ class JobCore:
             async with self.turns.turn(f"host {host} gone"):
                 self._watched.discard(host)
                 lost = self.window.on_host(host)
-                if lost and self.options.lease_seconds is None:
+                if lost and not self.live:
+                    # The steps of a stopped job on a gone host will never report their stop.
+                    for start in lost:
+                        self.accept(Outcome(start.step_id, start.attempt, StepStatus.STOPPED))
+                    await self._finish_stop_when_reported()
+                elif lost and self.options.lease_seconds is None:
                     log.warning(
-                        "job %s: host %s died with %d steps; %s",
+                        "job %s: host %s died with %d steps; starting them again",
                         self.job_id,
                         host,
                         len(lost),
-                        "starting them again" if self.live else "they are stopped",
                     )
-                    if self.live:
-                        self.window.requeue(lost)
-                    else:
-                        for start in lost:
-                            self.accept(Outcome(start.step_id, start.attempt, StepStatus.STOPPED))
-                        await self._finish_stop_when_reported()
+                    self.window.requeue(lost)
+                elif lost:
+                    # With leases the lease decides; that this host's process is gone is known
+                    # now, whatever Ray's state API can tell later.
+                    self._lost_owner.update(start.step_id for start in lost)
                 await self.hosts.refresh()
             self._kick()
 
@@ -617,9 +622,16 @@ class JobCore:
         if entry is None:
             return False
         start, host = entry
-        if self._dedicated.get(start.type):
+        self._lost_owner.discard(start.step_id)
+        if self._dedicated_type(start.type):
             self.hosts.release(host)
         return self._settle(start, outcome)
+
+    def _dedicated_type(self, type_path: str) -> bool:
+        try:
+            return self._is_dedicated(type_path)
+        except Exception:
+            return False
 
     def _settle(self, start: StepStart, outcome: Outcome) -> bool:
         counter = self.stages[start.stage]
@@ -699,10 +711,13 @@ class JobCore:
         # stopped, and one still running counts when it reports.
         not_running = await self._adopt_stage(stage)
         self.stages.recount(await self.storage.count_by_status(self.job_id))
-        if stage in self.stages.counters:
-            self.stages[stage].stopped = len(not_running)
         for start in not_running:
             self.counting.count_stop(start.step_id)
+        if stage in self.stages.counters:
+            # Running steps whose stop an earlier execution counted stay counted: their stop
+            # report is then a duplicate.
+            unfinished = [s.step_id for s in not_running] + list(self.window.active)
+            self.stages[stage].stopped = sum(s in self.counting.stopped for s in unfinished)
         self._dirty = True
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
         await self._finish_stop_when_reported()
@@ -914,8 +929,16 @@ class JobCore:
         if lease is not None:
             silos = await self.hosts.active_silos()
             stale = await leases.expired(
-                self.storage, self.hosts, silos, self.job_id, stage, self.window.active, lease
+                self.storage,
+                self.hosts,
+                silos,
+                self.job_id,
+                stage,
+                self.window.active,
+                lease,
+                self._lost_owner,
             )
+            self._lost_owner.difference_update(start.step_id for start in stale)
             self.window.requeue(stale)
         if self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)

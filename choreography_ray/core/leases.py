@@ -10,6 +10,7 @@ after its last change.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 
 from choreography_ray.core.hosts import Hosts
@@ -27,8 +28,10 @@ async def expired(
     stage: int,
     active: dict[str, tuple[StepStart, str]],
     lease_seconds: float,
+    owner_lost: Collection[str] = (),
 ) -> list[StepStart]:
-    """The active steps of `stage` whose owner is gone and whose lease expired."""
+    """The active steps of `stage` whose owner is gone and whose lease expired. Steps in
+    `owner_lost` ran on a host whose process the job saw go."""
     if not active:
         return []
     timeout = timedelta(seconds=lease_seconds)
@@ -43,8 +46,8 @@ async def expired(
             if step.lease is None:
                 if now - step.updated > timeout:
                     stale.append(entry[0])
-            elif now - step.lease.heartbeat > timeout and await _owner_gone(
-                step.lease, silos, hosts, gone
+            elif now - step.lease.heartbeat > timeout and (
+                step.step_id in owner_lost or await _owner_gone(step.lease, silos, hosts, gone)
             ):
                 stale.append(entry[0])
     return stale

@@ -107,6 +107,16 @@ class RayHosts:
             with contextlib.suppress(Exception):
                 ray.kill(handle, no_restart=True)
 
+    async def release_job(self, job_id: str) -> None:
+        """Every dedicated step actor of the job, also those a lost activation left behind."""
+        prefix = step_actor_name(job_id, "")
+        named = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
+        for actor in named:
+            if actor["namespace"] == self._namespace and actor["name"].startswith(prefix):
+                with contextlib.suppress(Exception):
+                    handle = ray.get_actor(actor["name"], namespace=self._namespace)
+                    ray.kill(handle, no_restart=True)
+
     async def activation_gone(self, activation: str) -> bool:
         return await asyncio.to_thread(activation_gone, activation)
 

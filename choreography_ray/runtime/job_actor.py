@@ -7,6 +7,7 @@ once its job is terminal, stopped for good or removed (its record stays, but for
 from __future__ import annotations
 
 import asyncio
+import logging
 import warnings
 
 import ray
@@ -19,6 +20,8 @@ from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
+log = logging.getLogger(__name__)
+
 #: Seconds between an exit being asked for and the actor exiting: the call that finished the job
 #: answers first, and an operation that reopens the job (retry-failed, resume) cancels the exit.
 EXIT_GRACE = 1.0
@@ -30,6 +33,7 @@ class JobActor:
         options = JobsOptions.model_validate_json(options_json)
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)
+        self.hosts = hosts
         self.core = JobCore(job_id, storage, hosts, options, on_exit=self._exit_soon)
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
@@ -44,6 +48,12 @@ class JobActor:
     async def _exit(self) -> None:
         async with self.core.turns.turn("exit"):
             if self.core.exit_requested:
+                try:
+                    await self.hosts.release_job(self.core.job_id)
+                except Exception:
+                    log.exception(
+                        "job %s: releasing its dedicated step actors failed", self.core.job_id
+                    )
                 self.core.close()
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
