@@ -2,7 +2,9 @@
 
 The first slice runs at once, without a task: a step that never waits costs no task at all.
 Every slice is timed, so a step that blocks the event loop (a slice longer than the limit) is
-found out and recorded as failed when it ends.
+found out and recorded as failed when it ends. asyncio lets `KeyboardInterrupt` and `SystemExit`
+out of a task into the event loop, which would end the host: under a task the driver raises
+`PerformExit` instead, an ordinary exception carrying the original.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ import time
 import types
 from collections.abc import Coroutine, Generator
 from typing import Any
+
+
+class PerformExit(Exception):
+    """The perform raised `KeyboardInterrupt` or `SystemExit` (in `error`) under its task."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class SliceDriver:
@@ -40,7 +50,10 @@ class SliceDriver:
                 value, error = (yield yielded), None
             except BaseException as thrown:  # asyncio throws cancellation in here
                 value, error = None, thrown
-            done, out = self.step(value, error)
+            try:
+                done, out = self.step(value, error)
+            except (KeyboardInterrupt, SystemExit) as exit_:
+                raise PerformExit(exit_) from exit_
             if done:
                 return out
             yielded = out

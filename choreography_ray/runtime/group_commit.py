@@ -1,7 +1,8 @@
 """Group commit: many steps' writes become one bulk write, flushed within a few milliseconds.
 
 A writer awaits the round its writes joined; the round resolves once its bulk write is durable,
-so a step reports only what storage already holds.
+so a step reports only what storage already holds. A round that fails fails every writer of it
+(they retry); a flush that is cancelled cancels its round, so no writer waits forever.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ class GroupCommit:
         self._updates: list[StepUpdate] = []
         self._deletes: defaultdict[str, list[str]] = defaultdict(list)
         self._round: asyncio.Future[None] | None = None
+        #: Flushes in flight: the loop keeps only weak references to tasks.
+        self._flushes: set[asyncio.Task[None]] = set()
 
     async def write(
         self, updates: Sequence[StepUpdate] = (), deletes: Iterable[tuple[str, str]] = ()
@@ -31,8 +34,13 @@ class GroupCommit:
         if self._round is None:
             loop = asyncio.get_running_loop()
             self._round = loop.create_future()
-            loop.call_later(self._delay, lambda: asyncio.ensure_future(self._flush()))
+            loop.call_later(self._delay, self._start_flush)
         await asyncio.shield(self._round)
+
+    def _start_flush(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._flush(), name="group-commit flush")
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     async def _flush(self) -> None:
         round_, updates, deletes = self._round, self._updates, self._deletes
@@ -45,5 +53,8 @@ class GroupCommit:
                 await self._storage.delete_steps(job_id, step_ids)
         except Exception as error:
             round_.set_exception(error)
+        except BaseException:
+            round_.cancel()
+            raise
         else:
             round_.set_result(None)

@@ -4,37 +4,49 @@ A step's flow here: `start_steps` persists RUNNING (+ lease) for the whole batch
 commit and returns; each `perform` then runs (coroutines on this event loop, sync code in the
 thread pool); outcomes are persisted in one group commit (a success deletes its record) and only
 then delivered to the job, in batches. A dedicated step actor is the same class hosting one step.
+
+Whatever a perform raises is its step's outcome, never its batch's or the host's: a
+`CancelledError` the host did not ask for (the step was not told to stop) is a failure, and so is
+`KeyboardInterrupt` or `SystemExit`. A running step's lease is renewed by a timer, in one
+conditional bulk write (`Storage.renew_leases`), until its outcome is known. Background tasks are
+named and watched: a failed one is logged with its name and job. A job's entries here are
+dropped once it has no running step and no task (start, persist, delivery) in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
 import os
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 from pydantic import BaseModel
 
+from choreography_ray.core.retries import Backoff
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.delivery import Delivery
-from choreography_ray.runtime.driver import SliceDriver
+from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.messages import Outcome, StartWire, StepStart, starts_from_wire
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.step import JobStep, StepContext, StepResult
-from choreography_ray.storage import StepUpdate
+from choreography_ray.storage import LeaseRenewal, StepUpdate, redact_url
 from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
+
+#: The failure message of a step whose perform raised CancelledError when nobody stopped it.
+UNASKED_CANCEL = "perform raised CancelledError without being stopped"
+#: Seconds between two tries to persist a batch of outcomes: 1 s, doubling up to 30 s.
+PERSIST_RETRY = Backoff(1.0, 30.0)
 
 
 class Tenant:
@@ -45,9 +57,14 @@ class Tenant:
         self.storage = open_shared_storage(storage_url, namespace)
         self.commit = GroupCommit(self.storage, self.options.group_commit_delay.total_seconds())
         self.delivery = Delivery(self.options, namespace, self.job_exists)
+        #: The steps whose lease the host renews, (job_id, step_id) -> attempt. A step leaves
+        #: as soon as its outcome is known, before the outcome is written.
+        self.leased: dict[tuple[str, str], int] = {}
         lease = self.options.lease_seconds
         if lease is not None:
-            host.spawn(host.renew_leases(self, lease / 3))
+            host.spawn(
+                host.renew_leases(self, lease / 3), f"renew-leases {redact_url(storage_url)}"
+            )
 
     async def job_exists(self, job_id: str) -> bool:
         job = await self.storage.get_job(job_id)
@@ -68,6 +85,9 @@ class StepHostCore:
         self.job_tenant: dict[str, Tenant] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
         self.removing_jobs: set[str] = set()
+        #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
+        #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
+        self.holds: Counter[str] = Counter()
         self.drop_deliveries: set[str] = set()
         self._outbox: defaultdict[str, list[Outcome]] = defaultdict(list)
         self._outbox_scheduled = False
@@ -75,7 +95,7 @@ class StepHostCore:
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="step")
         self._silo = ray.get_runtime_context().get_node_id()
         self._activation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
-        self.tasks: set[asyncio.Future[Any]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
 
     def tenant(self, job_id: str, context: tuple[str, str]) -> Tenant:
         tenant = self.tenants.get(context)
@@ -97,17 +117,26 @@ class StepHostCore:
         """Persists RUNNING for the batch, starts every step, and returns how many started.
         Waits while the host is at capacity, which throttles the caller's start operations.
         A step already running here is not started twice."""
-        tenant = self.tenant(job_id, context)
+        self._hold(job_id)
+        try:
+            return await self._start_steps(job_id, self.tenant(job_id, context), steps)
+        finally:
+            self._release(job_id)
+
+    async def _start_steps(self, job_id: str, tenant: Tenant, steps: Sequence[StepStart]) -> int:
         async with self._room:
             await self._room.wait_for(
                 lambda: not self.running or len(self.running) + len(steps) <= self.capacity
             )
             steps = [s for s in steps if (job_id, s.step_id) not in self.running]
             for step in steps:
-                self.running[(job_id, step.step_id)] = (
+                key = (job_id, step.step_id)
+                self.running[key] = (
                     StepContext(job_id, step.step_id, step.stage, step.attempt),
                     None,
                 )
+                tenant.leased[key] = step.attempt
+            self._hold(job_id, len(steps))
         change = StatusChange(status=StepStatus.RUNNING)
         lease = self.lease(tenant)
         try:
@@ -119,7 +148,8 @@ class StepHostCore:
             )
         except BaseException:
             for step in steps:
-                self.running.pop((job_id, step.step_id), None)
+                tenant.leased.pop((job_id, step.step_id), None)
+                self._pop_running((job_id, step.step_id))
             raise
         for step in steps:
             self._launch(job_id, step, tenant.options)
@@ -128,6 +158,9 @@ class StepHostCore:
     def _launch(self, job_id: str, step: StepStart, options: JobsOptions) -> None:
         key = (job_id, step.step_id)
         context = self.running[key][0]
+        driver: SliceDriver | None = None
+        task: asyncio.Future[Any] | None = None
+        out: Any = None
         try:
             step_type, request_type, is_async = _step_type(step.type, options.allowed_type_prefixes)
             request = request_type.model_validate_json(step.request_json)
@@ -135,17 +168,20 @@ class StepHostCore:
             if is_async:
                 driver = SliceDriver(perform(request, context))
                 done, out = driver.step()
-                if done:
-                    self._finish(job_id, step, out, None, driver)
-                    return
-                task: asyncio.Future[Any] = asyncio.ensure_future(driver.finish(out))
+                if not done:
+                    task = asyncio.ensure_future(driver.finish(out))
+                    task.set_name(f"step {job_id}/{step.step_id}")
             else:
-                driver = None
                 task = asyncio.get_running_loop().run_in_executor(
                     self._pool, perform, request, context
                 )
-        except Exception as error:
-            self._finish(job_id, step, None, error, None)
+        except BaseException as error:
+            # Whatever the perform raised (CancelledError and SystemExit included) is this
+            # step's outcome: the rest of its batch still launches.
+            self._finish(job_id, step, None, error, driver)
+            return
+        if task is None:
+            self._finish(job_id, step, out, None, driver)
             return
         self.running[key] = (context, task)
         task.add_done_callback(lambda t: self._finish_task(job_id, step, t, driver))
@@ -155,14 +191,11 @@ class StepHostCore:
     ) -> None:
         if task.cancelled():
             self._finish(job_id, step, None, asyncio.CancelledError(), driver)
-        else:
-            self._finish(
-                job_id,
-                step,
-                task.result() if task.exception() is None else None,
-                task.exception(),
-                driver,
-            )
+            return
+        error = task.exception()
+        if isinstance(error, PerformExit):
+            error = error.error
+        self._finish(job_id, step, None if error is not None else task.result(), error, driver)
 
     def _finish(
         self,
@@ -172,10 +205,13 @@ class StepHostCore:
         error: BaseException | None,
         driver: SliceDriver | None,
     ) -> None:
-        entry = self.running.get((job_id, step.step_id))
-        cancelled = entry is not None and entry[0].is_cancelled
-        options = self.job_tenant[job_id].options
-        outcome = _outcome(step, result, error, cancelled, driver, options)
+        key = (job_id, step.step_id)
+        tenant = self.job_tenant[job_id]
+        # Known now: no renewal may be sent after this, so none races the outcome's write.
+        tenant.leased.pop(key, None)
+        entry = self.running.get(key)
+        stopping = entry is not None and entry[0].is_cancelled
+        outcome = _outcome(step, result, error, stopping, driver, tenant.options)
         if job_id in self.removing_jobs:
             outcome = outcome._replace(status=StepStatus.STOPPED)
         self._outbox[job_id].append(outcome)
@@ -186,39 +222,40 @@ class StepHostCore:
     def _spawn_flush(self) -> None:
         self._outbox_scheduled = False
         outbox, self._outbox = self._outbox, defaultdict(list)
-        by_tenant: defaultdict[Tenant, dict[str, list[Outcome]]] = defaultdict(dict)
+        # One task per job; the group commit still makes their writes one bulk write.
         for job_id, outcomes in outbox.items():
-            by_tenant[self.job_tenant[job_id]][job_id] = outcomes
-        for tenant, jobs in by_tenant.items():
-            self.spawn(self._persist_and_deliver(tenant, jobs))
+            task = self._persist_and_deliver(self.job_tenant[job_id], job_id, outcomes)
+            self.spawn(task, f"persist-and-deliver {job_id}", job_id)
 
-    async def _persist_and_deliver(self, tenant: Tenant, outbox: dict[str, list[Outcome]]) -> None:
+    async def _persist_and_deliver(
+        self, tenant: Tenant, job_id: str, outcomes: list[Outcome]
+    ) -> None:
         updates: list[StepUpdate] = []
         deletes: list[tuple[str, str]] = []
-        for job_id, outcomes in outbox.items():
-            for o in outcomes:
-                if o.status is StepStatus.COMPLETED_SUCCESSFULLY:
-                    deletes.append((job_id, o.step_id))
-                else:
-                    messages = () if o.message is None else (o.message,)
-                    change = StatusChange(status=o.status, exception_messages=messages)
-                    updates.append(StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change))
+        for o in outcomes:
+            if o.status is StepStatus.COMPLETED_SUCCESSFULLY:
+                deletes.append((job_id, o.step_id))
+            else:
+                messages = () if o.message is None else (o.message,)
+                change = StatusChange(status=o.status, exception_messages=messages)
+                updates.append(StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change))
+        tries = 0
         while True:
             try:
                 await tenant.commit.write(updates, deletes)
                 break
             except Exception:
                 # Persist, then deliver: an outcome that is not stored is not reported.
+                tries += 1
                 log.exception(
-                    "could not persist %d outcomes; retrying", len(updates) + len(deletes)
+                    "job %s: could not persist %d outcomes; retrying", job_id, len(outcomes)
                 )
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(PERSIST_RETRY.delay(tries))
         async with self._room:
-            for job_id, outcomes in outbox.items():
-                for o in outcomes:
-                    self.running.pop((job_id, o.step_id), None)
+            for o in outcomes:
+                self._pop_running((job_id, o.step_id))
             self._room.notify_all()
-        await asyncio.gather(*(self._deliver(tenant, job_id, o) for job_id, o in outbox.items()))
+        await self._deliver(tenant, job_id, outcomes)
 
     async def _deliver(self, tenant: Tenant, job_id: str, outcomes: list[Outcome]) -> None:
         removing = job_id in self.removing_jobs
@@ -229,7 +266,8 @@ class StepHostCore:
 
     async def cancel_steps(self, job_id: str, removing: bool) -> int:
         """Tells every running step of the job to stop; returns how many were told."""
-        if removing:
+        if removing and self.holds[job_id]:
+            # Kept while the job holds anything here: until its last delivery is done.
             self.removing_jobs.add(job_id)
         told = 0
         for (owner, _), (context, _task) in list(self.running.items()):
@@ -242,23 +280,56 @@ class StepHostCore:
         return [step_id for (owner, step_id) in self.running if owner == job_id]
 
     async def renew_leases(self, tenant: Tenant, every: float) -> None:
-        """Renews the leases of this tenant's running steps, in bulk."""
+        """Every `every` s, renews the leases of this tenant's running steps in one conditional
+        bulk write: a step whose outcome was stored meanwhile is left as it is. A failed write
+        is logged, and the next tick tries again."""
         while True:
             await asyncio.sleep(every)
             lease = self.lease(tenant)
-            updates = [
-                StepUpdate(job_id, context.step_id, StepStatus.RUNNING, context.attempt, lease)
-                for (job_id, _), (context, _task) in list(self.running.items())
-                if self.job_tenant.get(job_id) is tenant
+            if lease is None or not tenant.leased:
+                continue
+            renewals = [
+                LeaseRenewal(job_id, step_id, attempt, lease)
+                for (job_id, step_id), attempt in tenant.leased.items()
             ]
-            if updates:
-                with contextlib.suppress(Exception):
-                    await tenant.commit.write(updates)
+            try:
+                await tenant.storage.renew_leases(renewals)
+            except Exception as error:
+                log.warning("could not renew %d leases (%s); retrying", len(renewals), error)
 
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+    def spawn(
+        self, coro: Coroutine[Any, Any, None], name: str, job_id: str | None = None
+    ) -> asyncio.Task[None]:
+        """Runs `coro` as a task named `name`; a failure is logged with the name and the job.
+        A task spawned for a job holds the job's entries until it ends."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        if job_id is not None:
+            self._hold(job_id)
+        task.add_done_callback(functools.partial(self._watch, job_id))
+        return task
+
+    def _watch(self, job_id: str | None, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if job_id is not None:
+            self._release(job_id)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            job = "" if job_id is None else f" of job {job_id}"
+            log.error("step host task %r%s failed", task.get_name(), job, exc_info=error)
+
+    def _hold(self, job_id: str, n: int = 1) -> None:
+        self.holds[job_id] += n
+
+    def _release(self, job_id: str, n: int = 1) -> None:
+        self.holds[job_id] -= n
+        if self.holds[job_id] <= 0:
+            del self.holds[job_id]
+            self.job_tenant.pop(job_id, None)
+            self.removing_jobs.discard(job_id)
+
+    def _pop_running(self, key: tuple[str, str]) -> None:
+        if self.running.pop(key, None) is not None:
+            self._release(key[0])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -276,7 +347,7 @@ def _outcome(
     step: StepStart,
     result: Any,
     error: BaseException | None,
-    cancelled: bool,
+    stopping: bool,
     driver: SliceDriver | None,
     options: JobsOptions,
 ) -> Outcome:
@@ -290,11 +361,11 @@ def _outcome(
             f"(limit {limit:g} s): await instead of blocking, or make perform sync",
         )
     if error is not None:
-        if cancelled or isinstance(error, asyncio.CancelledError):
+        if stopping:
             return Outcome(step.step_id, step.attempt, StepStatus.STOPPED)
-        return Outcome(
-            step.step_id, step.attempt, StepStatus.FAILED, f"{type(error).__name__}: {error}"
-        )
+        if isinstance(error, asyncio.CancelledError):
+            return Outcome(step.step_id, step.attempt, StepStatus.FAILED, UNASKED_CANCEL)
+        return Outcome(step.step_id, step.attempt, StepStatus.FAILED, _describe(error))
     if not isinstance(result, StepResult):
         return Outcome(
             step.step_id,
@@ -305,6 +376,14 @@ def _outcome(
     if result.success:
         return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
     return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_WITH_FAILURE, result.message)
+
+
+def _describe(error: BaseException) -> str:
+    try:
+        text = str(error)
+    except Exception:  # a failure's message must not fail the step's outcome
+        text = "(its message could not be read)"
+    return f"{type(error).__name__}: {text}"
 
 
 @ray.remote
@@ -324,6 +403,11 @@ class StepHost:
 
     async def running_steps(self, job_id: str) -> list[str]:
         return self.core.running_steps(job_id)
+
+    async def held_jobs(self) -> list[str]:
+        """The jobs this host keeps entries of (for tests and diagnosis)."""
+        core = self.core
+        return sorted(set(core.job_tenant) | core.removing_jobs | set(core.holds))
 
     async def watch(self) -> None:
         """Never returns: a caller awaiting it learns from Ray's error that this host died."""

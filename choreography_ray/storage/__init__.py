@@ -16,6 +16,9 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
                         Fields: job_id, step_id, type, stage, status, attempt, lease {silo,
                         activation, heartbeat}, request, status_changes, updated, schema_version.
                         Indexes: (job_id, status), (job_id, stage, status), (job_id, step_id).
+                        A lease renewal is a conditional write: it sets lease and updated only
+                        where status is RUNNING and attempt is the renewal's, so it never undoes
+                        an outcome stored meanwhile, nor touches a later attempt.
     job_counted_steps   one small record per counted step identity (CompletedStepsCounted,
                         StoppedStepsCounted). Key: (job, kind, step_id). Writing one costs the
                         same at 10 and at 1,000,000 records of a job.
@@ -63,6 +66,16 @@ class StepUpdate:
     attempt: int
     lease: Lease | None = None
     change: StatusChange | None = None
+
+
+class LeaseRenewal(NamedTuple):
+    """A running step's new lease, for `renew_leases`: applied only while the stored step is
+    RUNNING at `attempt`. Renewals of one host share their `lease` object."""
+
+    job_id: str
+    step_id: str
+    attempt: int
+    lease: Lease
 
 
 class PlannedStep(NamedTuple):
@@ -147,6 +160,12 @@ class Storage(Protocol):
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         """Bulk status update, in one write. Steps that no longer exist are skipped."""
+
+    async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
+        """Sets each step's lease (and `updated`) where the step is still RUNNING at the
+        renewal's attempt, in one bulk write, and returns how many it renewed. A step whose
+        outcome is stored, that runs again at another attempt, or that is gone is left as it
+        is: a renewal racing an outcome write never turns the outcome back into RUNNING."""
 
     async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None: ...
 
@@ -233,6 +252,7 @@ def redact_url(url: str) -> str:
 
 __all__ = [
     "CountedKind",
+    "LeaseRenewal",
     "PlannedStep",
     "StatusCounts",
     "StepUpdate",

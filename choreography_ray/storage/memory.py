@@ -16,6 +16,7 @@ from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    LeaseRenewal,
     PlannedStep,
     StatusCounts,
     StepUpdate,
@@ -143,6 +144,18 @@ class MemoryStorage:
                     "updated": now,
                 }
             )
+
+    async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
+        now = utcnow()
+        renewed = 0
+        for r in renewals:
+            steps = self.steps.get(r.job_id, {})
+            step = steps.get(r.step_id)
+            if step is None or step.status is not StepStatus.RUNNING or step.attempt != r.attempt:
+                continue
+            steps[r.step_id] = step.model_copy(update={"lease": r.lease, "updated": now})
+            renewed += 1
+        return renewed
 
     async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
         steps = self.steps.get(job_id, {})

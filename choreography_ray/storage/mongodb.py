@@ -19,6 +19,8 @@ Indexes are created on first use, once per instance. The code keeps to what both
   element of the array into a JSON string; its `$push` of a string is exact.
 - `count_by_status` groups on `$concat` of `$toString(stage)`, ":" and status (nx answers a
   compound `$group` key with the literal paths), so there is no derived field to keep in sync.
+- A lease renewal is an `UpdateOne` filtered on `_id`, `status` and `attempt` (plain equality,
+  which both servers match), so it never undoes an outcome stored meanwhile.
 - No update pipelines (nx rejects them), so no `$$NOW`: `updated` is this process's clock, as in
   the memory provider. No partial indexes (nx makes them full); none is needed. No subdocument
   `_id` (nx rejects an upsert on one).
@@ -63,6 +65,7 @@ from choreography_ray.model import JobsManagerKey, JobState, StepState, step_key
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    LeaseRenewal,
     PlannedStep,
     StatusCounts,
     StepUpdate,
@@ -296,6 +299,23 @@ class MongoStorage:
             writes.append(UpdateOne({"_id": step_key(u.job_id, u.step_id)}, change))
         if writes:
             await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
+
+    async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
+        now = _encode(utcnow())
+        running = StepStatus.RUNNING.value
+        # Renewals share their lease object: each is encoded once.
+        leases: dict[int, Doc] = {}
+        writes = []
+        for r in renewals:
+            lease = leases.get(id(r.lease))
+            if lease is None:
+                lease = leases[id(r.lease)] = _encode(r.lease.model_dump())
+            only = {"_id": step_key(r.job_id, r.step_id), "status": running, "attempt": r.attempt}
+            writes.append(UpdateOne(only, {"$set": {"lease": lease, "updated": now}}))
+        if not writes:
+            return 0
+        result = await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
+        return result.matched_count
 
     async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
         deletes = _deletes([step_key(job_id, step_id) for step_id in step_ids])

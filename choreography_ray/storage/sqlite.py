@@ -29,8 +29,10 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         size. `remove_job_counted` also deletes the job's job_numbers row.
     jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
 
-Bulk writes are one transaction and one `executemany` each, all or nothing. A status change is
-appended in SQL (`json_insert(status_changes, '$[#]', ...)`), never read, grown and rewritten.
+Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
+an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
+meanwhile; it returns the rows the `executemany` changed. A status change is appended in SQL
+(`json_insert(status_changes, '$[#]', ...)`), never read, grown and rewritten.
 Rows are serialized with plain tuples and `pydantic_core.to_json`, not a model dump per row. A
 row that does not parse raises `CorruptRecordError`; a lock still held after the busy timeout
 raises `StorageUnavailableError`, any other sqlite3 error `StorageError`.
@@ -67,7 +69,13 @@ from choreography_ray.model import (
     utcnow,
 )
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, PlannedStep, StatusCounts, StepUpdate
+from choreography_ray.storage import (
+    CountedKind,
+    LeaseRenewal,
+    PlannedStep,
+    StatusCounts,
+    StepUpdate,
+)
 
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
@@ -126,6 +134,8 @@ _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, up
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END
     WHERE job_id = ?6 AND step_id = ?7"""
+_RENEW_LEASE = """UPDATE job_steps SET lease = ?1, updated = ?2
+    WHERE job_id = ?3 AND step_id = ?4 AND status = ?5 AND attempt = ?6"""
 
 
 class SqliteStorage:
@@ -223,6 +233,15 @@ class SqliteStorage:
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         if updates:
             await self._write(lambda c: c.executemany(_UPDATE_STEP, _update_rows(updates)))
+
+    async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
+        if not renewals:
+            return 0
+        rows = _renewal_rows(renewals)
+        renewed: list[int] = []
+        # The count is read in the connection's thread, where the cursor is dropped too.
+        await self._write(lambda c: renewed.append(c.executemany(_RENEW_LEASE, rows).rowcount))
+        return sum(renewed)
 
     async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
         if step_ids:
@@ -452,6 +471,20 @@ def _update_rows(updates: Sequence[StepUpdate]) -> list[tuple[Any, ...]]:
         (u.status.value, u.attempt, text(u.lease), now, text(u.change), u.job_id, u.step_id)
         for u in updates
     ]
+
+
+def _renewal_rows(renewals: Sequence[LeaseRenewal]) -> list[tuple[Any, ...]]:
+    now = utcnow().isoformat()
+    running = StepStatus.RUNNING.value
+    # Renewals share their lease object: each is serialized once.
+    leases: dict[int, str] = {}
+    rows = []
+    for r in renewals:
+        lease = leases.get(id(r.lease))
+        if lease is None:
+            lease = leases[id(r.lease)] = to_json(r.lease).decode()
+        rows.append((lease, now, r.job_id, r.step_id, running, r.attempt))
+    return rows
 
 
 def _add_counted(

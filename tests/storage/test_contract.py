@@ -37,6 +37,7 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    LeaseRenewal,
     PlannedStep,
     StepUpdate,
     Storage,
@@ -280,6 +281,73 @@ async def test_update_steps__sets_status_appends_changes_and_sets_or_clears_leas
     assert await storage.get_step("j1", "gone") is None
     untouched = await storage.get_step("j1", "s2")
     assert untouched is not None and (untouched.status, untouched.status_changes) == (SCHEDULED, ())
+
+
+async def test_renew_leases__renews_only_steps_still_running_at_the_attempt(
+    storage: Storage,
+) -> None:
+    before = T0 - timedelta(days=1)
+    old = lease("host-1#0")
+    change = StatusChange(status="Running", occurred=T0)
+    at = {"attempt": 2, "lease": old, "updated": before, "status_changes": (change,)}
+    await storage.insert_steps(
+        [
+            step("j1", "running", status=RUNNING, **at),
+            step("j1", "running-too", status=RUNNING, **at),
+            step("j1", "failed", status=FAILED, **at),
+            step("j1", "completed", status=StepStatus.COMPLETED_WITH_FAILURE, **at),
+            step("j1", "stopped", status=StepStatus.STOPPED, **at),
+            step("j1", "scheduled", status=SCHEDULED, **at),
+            step("j1", "next-attempt", status=RUNNING, **{**at, "attempt": 3}),
+            step("j2", "running", status=RUNNING, **at),
+        ]
+    )
+    stored = {s.step_id: s for s in await storage.list_steps("j1")}
+    new, other = lease("host-1#1"), lease("host-2#1")
+    renewals = [
+        LeaseRenewal("j1", step_id, 2, other if step_id == "running-too" else new)
+        for step_id in stored
+    ]
+
+    renewed = await storage.renew_leases([*renewals, LeaseRenewal("j1", "gone", 2, new)])
+
+    assert renewed == 2
+    after = {s.step_id: s for s in await storage.list_steps("j1")}
+    for step_id, renewed_lease in (("running", new), ("running-too", other)):
+        was, now = stored[step_id], after[step_id]
+        assert now.lease == renewed_lease and now.updated > was.updated
+        assert now.model_copy(update={"lease": old, "updated": was.updated}) == was
+    assert {k: v for k, v in after.items() if not k.startswith("running")} == {
+        k: v for k, v in stored.items() if not k.startswith("running")
+    }
+    untouched = await storage.get_step("j2", "running")
+    assert untouched is not None and untouched.lease == old
+    assert await storage.get_step("j1", "gone") is None
+    assert await storage.renew_leases([]) == 0
+
+
+async def test_renew_leases__after_an_outcome_write_leaves_the_outcome(storage: Storage) -> None:
+    await storage.insert_steps([step("j1", f"s{i}", status=RUNNING, attempt=1) for i in range(3)])
+    failed = StatusChange(status="Failed", occurred=T0, exception_messages=("boom",))
+    await storage.update_steps(
+        [
+            StepUpdate("j1", "s0", FAILED, 1, change=failed),
+            StepUpdate("j1", "s1", StepStatus.STOPPED, 1),
+            StepUpdate("j1", "s2", SCHEDULED, 2),
+        ]
+    )
+
+    renewals = [LeaseRenewal("j1", f"s{i}", 1, lease()) for i in range(3)]
+
+    assert await storage.renew_leases(renewals) == 0
+
+    stored = [(s.status, s.attempt, s.lease) for s in await storage.list_steps("j1")]
+    assert stored == [(FAILED, 1, None), (StepStatus.STOPPED, 1, None), (SCHEDULED, 2, None)]
+    assert await storage.count_by_status("j1") == {
+        (0, FAILED): 1,
+        (0, StepStatus.STOPPED): 1,
+        (0, SCHEDULED): 1,
+    }
 
 
 async def test_delete_steps_and_remove_job_steps(storage: Storage) -> None:

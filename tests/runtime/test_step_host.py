@@ -1,0 +1,163 @@
+"""The step host on real Ray: what a perform raises never strands its batch or the host, and a
+lease renewal never turns a stored outcome back into RUNNING.
+
+The step types are in `test_step_host_jobs`; the tests assert on the job's counts, on storage
+and on what the hosts still hold, never on timings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+
+import choreography_ray as cr
+from tests.runtime.sample_jobs import FanOut, FanOutRequest
+from tests.runtime.test_step_host_jobs import Case, CasesJob, CasesRequest
+from tests.support import eventually, in_storage
+
+#: The Ray namespace the `connect` fixture puts every actor in.
+RAY_NAMESPACE = "choreography-tests"
+#: Seconds a small job gets to finish: far more than it needs, far less than the test timeout.
+WAIT = 30.0
+UNASKED = "perform raised CancelledError without being stopped"
+
+
+def step_hosts() -> list[Any]:
+    return [
+        ray.get_actor(actor["name"], namespace=RAY_NAMESPACE)
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == RAY_NAMESPACE and actor["name"].startswith("step-host/")
+    ]
+
+
+def held_by_hosts(job_id: str) -> int:
+    """How many of the job's steps the step hosts still hold (running or reporting)."""
+    return sum(len(ids) for ids in ray.get([h.running_steps.remote(job_id) for h in step_hosts()]))
+
+
+def held_jobs() -> set[str]:
+    """The jobs the step hosts keep entries of."""
+    return {job for held in ray.get([h.held_jobs.remote() for h in step_hosts()]) for job in held}
+
+
+def messages(manager: cr.JobsManager, job_id: str) -> dict[int, str]:
+    """The last exception message of each stored step, by case number."""
+    return {
+        s.request["n"]: s.status_changes[-1].exception_messages[0]
+        for s in manager.steps(job_id)
+        if s.status_changes and s.status_changes[-1].exception_messages
+    }
+
+
+@pytest.mark.timeout(120)
+def test_cancelled_error_unasked__step_failed_and_its_batch_runs(connect, scope) -> None:  # type: ignore[no-untyped-def]
+    manager = connect().manager(scope, "step-host")
+    raising = {3: "now", 8: "later", 13: "now", 18: "later"}
+    cases = [
+        Case(n=n, behaviour="cancelled", where=raising[n]) if n in raising else Case(n=n)
+        for n in range(20)
+    ]
+    started = manager.start(CasesJob, CasesRequest(cases=cases))
+    assert started.error is None
+
+    state = manager.wait(started.job_id, timeout=WAIT)
+
+    assert state.status is cr.JobStatus.COMPLETED_WITH_FAILURES
+    progress = state.progress
+    assert (progress.successful_steps, progress.failed_steps, progress.stopped_steps) == (16, 4, 0)
+    assert messages(manager, started.job_id) == dict.fromkeys(raising, UNASKED)
+
+
+@pytest.mark.timeout(120)
+def test_keyboard_interrupt_and_system_exit__step_failed_and_host_survives(  # type: ignore[no-untyped-def]
+    connect, scope
+) -> None:
+    manager = connect().manager(scope, "step-host")
+    raising: list[Case] = [
+        Case(n=0, behaviour="keyboard_interrupt", where="now"),
+        Case(n=1, behaviour="keyboard_interrupt", where="later"),
+        Case(n=2, behaviour="keyboard_interrupt", where="sync"),
+        Case(n=3, behaviour="system_exit", where="now"),
+        Case(n=4, behaviour="system_exit", where="later"),
+        Case(n=5, behaviour="system_exit", where="sync"),
+        Case(n=6, behaviour="cancelled", where="sync"),
+    ]
+    fine = [Case(n=7 + i, where=("now", "later", "sync")[i % 3]) for i in range(6)]
+    started = manager.start(CasesJob, CasesRequest(cases=raising + fine))
+
+    state = manager.wait(started.job_id, timeout=WAIT)
+
+    assert state.status is cr.JobStatus.COMPLETED_WITH_FAILURES
+    assert (state.progress.successful_steps, state.progress.failed_steps) == (6, 7)
+    assert messages(manager, started.job_id) == {
+        0: "KeyboardInterrupt: case 0",
+        1: "KeyboardInterrupt: case 1",
+        2: "KeyboardInterrupt: case 2",
+        3: "SystemExit: case 3",
+        4: "SystemExit: case 4",
+        5: "SystemExit: case 5",
+        6: UNASKED,
+    }
+    # The hosts live on and run the next job.
+    again = manager.start(CasesJob, CasesRequest(cases=fine))
+    assert manager.wait(again.job_id, timeout=WAIT).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+
+
+@pytest.mark.timeout(120)
+def test_cancelled_error_after_stop__step_stopped(connect, scope) -> None:  # type: ignore[no-untyped-def]
+    manager = connect().manager(scope, "step-host")
+    cases = [Case(n=n, behaviour="cancelled", where="stop") for n in range(3)]
+    started = manager.start(CasesJob, CasesRequest(cases=cases))
+    eventually(lambda: held_by_hosts(started.job_id) == 3, WAIT, "3 steps running")
+
+    manager.stop(started.job_id)
+
+    state = eventually(
+        lambda: (s := manager.get(started.job_id)).progress.stopped_steps == 3 and s,
+        WAIT,
+        "3 steps counted as stopped",
+    )
+    assert state.status is cr.JobStatus.STOPPED
+    assert state.progress.failed_steps == 0
+
+
+@pytest.mark.timeout(180)
+def test_lease_renewal__never_turns_a_stored_outcome_back_to_running(  # type: ignore[no-untyped-def]
+    connect, scope, storage_url
+) -> None:
+    manager = connect(step_lease_timeout=0.3).manager(scope, "step-host")
+    started = manager.start(FanOut, FanOutRequest(count=3_000, fail_every=1))
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_WITH_FAILURES
+    assert state.progress.failed_steps == 3_000
+    # Once no host holds a step of the job, nothing renews its leases any more: what storage
+    # holds now is final.
+    eventually(lambda: held_by_hosts(started.job_id) == 0, WAIT, "hosts to let the steps go")
+    counts = in_storage(storage_url, lambda s: s.count_by_status(started.job_id))
+    assert counts == {(0, cr.StepStatus.COMPLETED_WITH_FAILURE): 3_000}
+
+
+@pytest.mark.timeout(120)
+def test_host_entries__dropped_once_a_job_has_nothing_left_there(connect, scope) -> None:  # type: ignore[no-untyped-def]
+    manager = connect().manager(scope, "step-host")
+    done = manager.start(CasesJob, CasesRequest(cases=[Case(n=n) for n in range(5)]))
+    removed = manager.start(
+        CasesJob, CasesRequest(cases=[Case(n=n, where="stop") for n in range(3)])
+    )
+    assert manager.wait(done.job_id, timeout=WAIT).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    eventually(lambda: held_by_hosts(removed.job_id) == 3, WAIT, "3 steps running")
+
+    manager.remove(removed.job_id)
+
+    eventually(
+        lambda: removed.job_id not in {j.id for j in manager.list()}, WAIT, "the removal done"
+    )
+    eventually(
+        lambda: not held_jobs() & {done.job_id, removed.job_id},
+        WAIT,
+        "hosts to drop both jobs' entries",
+    )
