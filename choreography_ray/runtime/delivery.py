@@ -22,6 +22,9 @@ from choreography_ray.runtime.names import job_name
 
 log = logging.getLogger(__name__)
 
+#: Job actor handles a host keeps: those of the jobs it delivered to most recently.
+HANDLES_KEPT = 1024
+
 #: Injected in tests to drop deliveries on purpose: returns True to drop a batch.
 DropFilter = Callable[[str, Sequence[Outcome]], bool]
 
@@ -71,8 +74,11 @@ class Delivery:
             await asyncio.sleep(backoff.delay(attempt))
 
     def _handle(self, job_id: str) -> Any:
-        handle = self._handles.get(job_id)
+        handle = self._handles.pop(job_id, None)
         if handle is None:
             handle = ray.get_actor(job_name(job_id), namespace=self._namespace)
-            self._handles[job_id] = handle
+        # The most recently used jobs' handles, so the cache does not grow with every job.
+        self._handles[job_id] = handle
+        if len(self._handles) > HANDLES_KEPT:
+            del self._handles[next(iter(self._handles))]
         return handle

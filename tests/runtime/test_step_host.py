@@ -1,7 +1,7 @@
 """The step host on real Ray: what a perform raises never strands its batch or the host, and a
 lease renewal never turns a stored outcome back into RUNNING.
 
-The step types are in `test_step_host_jobs`; the tests assert on the job's counts, on storage
+The step types are in `step_host_jobs`; the tests assert on the job's counts, on storage
 and on what the hosts still hold, never on timings.
 """
 
@@ -14,7 +14,7 @@ import ray
 
 import choreography_ray as cr
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
-from tests.runtime.test_step_host_jobs import Case, CasesJob, CasesRequest
+from tests.runtime.step_host_jobs import Case, CasesJob, CasesRequest
 from tests.support import eventually, in_storage
 
 #: The Ray namespace the `connect` fixture puts every actor in.
