@@ -1,6 +1,11 @@
 """`Jobs.connect`, and the sync and async clients of a jobs manager.
 
 The async client is the core; the sync one runs the same coroutines to completion.
+
+A jobs manager is one actor per (scope, namespace) and keeps the storage and options of the
+connection that created it. A client for a manager that runs with another storage or other
+options raises `JobsManagerConflictError` rather than use them silently: `jobs.manager(...)` at
+once, `jobs.async_manager(...)` at its first call.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ from typing import Any, TypeVar
 import ray
 from pydantic import BaseModel
 
-from choreography_ray.errors import JobTimeoutError, StartJobError
+from choreography_ray.errors import ChoreographyError, JobTimeoutError, StartJobError
 from choreography_ray.job import Job
 from choreography_ray.model import JobState, StepState
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.manager import JobsManagerActor
-from choreography_ray.runtime.names import DEFAULT_NAMESPACE, actor_options, manager_name
+from choreography_ray.runtime import actors
+from choreography_ray.runtime.names import DEFAULT_NAMESPACE, manager_name
 from choreography_ray.runtime.recovery import ensure_recovery
 from choreography_ray.status import JobStatus
+from choreography_ray.storage import redact_url
 from choreography_ray.types import type_path
 
 T = TypeVar("T")
@@ -62,6 +68,44 @@ def resolve_storage_url(url: str | None) -> str:
     return url
 
 
+class JobsManagerConflictError(ChoreographyError, ValueError):
+    """The jobs manager of this (scope, namespace) runs with another storage or other options
+    than this connection's; `.fields` names what differs."""
+
+    def __init__(self, message: str, fields: builtins.list[str]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def manager_conflict(
+    name: str, running: dict[str, str], storage: str, options: JobsOptions
+) -> JobsManagerConflictError | None:
+    """The error for a manager whose config (`JobsManagerActor.config`) is not this
+    connection's storage and options, or None when they are the same."""
+    differences: builtins.list[str] = []
+    if running["storage"] != storage:
+        differences.append(
+            f"storage: running {redact_url(running['storage'])!r}, asked {redact_url(storage)!r}"
+        )
+    theirs = JobsOptions.model_validate_json(running["options"])
+    fields = ["storage"] if differences else []
+    for field in type(options).model_fields:
+        if getattr(theirs, field) != getattr(options, field):
+            fields.append(field)
+            differences.append(
+                f"{field}: running {getattr(theirs, field)!r}, asked {getattr(options, field)!r}"
+            )
+    if not differences:
+        return None
+    return JobsManagerConflictError(
+        f"the jobs manager {name} runs with other settings than this connection's "
+        f"({'; '.join(differences)}). A jobs manager keeps the storage and options of the "
+        "connection that created it: connect with the same storage and options, or use "
+        "another scope (or Ray namespace) for these.",
+        fields,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StartedJob:
     job_id: str
@@ -70,30 +114,58 @@ class StartedJob:
 
 
 class AsyncJobsManager:
-    """The jobs manager of one (scope, namespace), with `async` methods."""
+    """The jobs manager of one (scope, namespace), with `async` methods. Its first call checks
+    that the manager runs with this connection's storage and options."""
 
-    def __init__(self, handle: Any, scope: str, namespace: str) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        scope: str,
+        namespace: str,
+        expected: tuple[str, JobsOptions] | None = None,
+    ) -> None:
         self._handle = handle
         self.scope = scope
         self.namespace = namespace
+        #: The connection's (storage, options) to check the manager against; None once checked.
+        self._expected = expected
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """`method` on the manager actor, once the manager's settings are checked."""
+        if self._expected is not None:
+            self.check(await self._handle.config.remote())
+        return await getattr(self._handle, method).remote(*args)
+
+    def check(self, running: dict[str, str]) -> None:
+        """Raises `JobsManagerConflictError` when `running` (the manager's config) is not this
+        connection's; after a successful check, no call checks again."""
+        if self._expected is None:
+            return
+        storage, options = self._expected
+        conflict = manager_conflict(
+            manager_name(self.scope, self.namespace), running, storage, options
+        )
+        if conflict is not None:
+            raise conflict
+        self._expected = None
 
     async def start(
         self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]
     ) -> StartedJob:
         payload = request.model_dump(mode="json") if isinstance(request, BaseModel) else request
-        job_id, error = await self._handle.start.remote(type_path(job_type), payload)
+        job_id, error = await self._call("start", type_path(job_type), payload)
         return StartedJob(job_id, error)
 
     async def get(self, job_id: str) -> JobState:
-        state: JobState = await self._handle.get.remote(job_id)
+        state: JobState = await self._call("get", job_id)
         return state
 
     async def list(self, status: JobStatus | None = None) -> builtins.list[JobState]:
-        jobs: builtins.list[JobState] = await self._handle.list.remote(status)
+        jobs: builtins.list[JobState] = await self._call("list", status)
         return jobs
 
     async def steps(self, job_id: str) -> builtins.list[StepState]:
-        steps: builtins.list[StepState] = await self._handle.steps.remote(job_id)
+        steps: builtins.list[StepState] = await self._call("steps", job_id)
         return steps
 
     async def wait(self, job_id: str, timeout: float | None = None) -> JobState:  # noqa: ASYNC109
@@ -101,7 +173,7 @@ class AsyncJobsManager:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:
-            state: JobState = await self._handle.status.remote(job_id)
+            state: JobState = await self._call("status", job_id)
             if state.status in SETTLED:
                 return await self.get(job_id)
             if deadline is not None and time.monotonic() >= deadline:
@@ -110,21 +182,21 @@ class AsyncJobsManager:
             delay = min(delay * 1.5, 0.5)
 
     async def stop(self, job_id: str) -> None:
-        await self._handle.operate.remote(job_id, "stop")
+        await self._call("operate", job_id, "stop")
 
     async def resume(self, job_id: str) -> None:
-        await self._handle.operate.remote(job_id, "resume")
+        await self._call("operate", job_id, "resume")
 
     async def remove(self, job_id: str) -> None:
-        await self._handle.operate.remote(job_id, "remove")
+        await self._call("operate", job_id, "remove")
 
     async def retry_failed_steps(self, job_id: str) -> int:
-        count: int = await self._handle.operate.remote(job_id, "retry_failed_steps")
+        count: int = await self._call("operate", job_id, "retry_failed_steps")
         return count
 
     async def rehydrate(self) -> builtins.list[str]:
         """Loads the interrupted jobs and returns their ids; they resume in the background."""
-        ids: builtins.list[str] = await self._handle.rehydrate.remote()
+        ids: builtins.list[str] = await self._call("rehydrate")
         return ids
 
 
@@ -204,15 +276,22 @@ class Jobs:
         return jobs
 
     def _manager_handle(self, scope: str, namespace: str) -> Any:
-        return JobsManagerActor.options(  # type: ignore[attr-defined]
-            **actor_options(manager_name(scope, namespace), self.namespace)
-        ).remote(scope, namespace, self.storage, self.options.model_dump_json(), self.namespace)
+        return actors.manager_actor(
+            scope, namespace, self.storage, self.options.model_dump_json(), self.namespace
+        )
 
     def async_manager(self, scope: str, namespace: str) -> AsyncJobsManager:
-        return AsyncJobsManager(self._manager_handle(scope, namespace), scope, namespace)
+        """The async client; its first call raises `JobsManagerConflictError` if the manager
+        runs with another storage or other options than this connection's."""
+        handle = self._manager_handle(scope, namespace)
+        return AsyncJobsManager(handle, scope, namespace, (self.storage, self.options))
 
     def manager(self, scope: str, namespace: str) -> JobsManager:
-        return JobsManager(self.async_manager(scope, namespace))
+        """The sync client; raises `JobsManagerConflictError` if the manager runs with another
+        storage or other options than this connection's."""
+        inner = self.async_manager(scope, namespace)
+        inner.check(ray.get(inner._handle.config.remote()))
+        return JobsManager(inner)
 
     def close(self) -> None:
         if self._owns_ray:

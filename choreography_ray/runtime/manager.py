@@ -1,5 +1,13 @@
 """The jobs-manager actor `jobs-manager/{scope}/{namespace}`: starts jobs, routes operations to
-job actors, reads state from storage, and drains rehydration."""
+job actors, reads state from storage, and drains rehydration.
+
+An operation whose answer the stored job decides is answered here, without a job actor: a
+stop of a job that is not running, a resume of a completed job or of one being removed, and a
+RetryFailedSteps the job type or the stored status refuses. The answers are the job
+activation's own (`core.stopping.refuse_stop`, `core.resuming.resume_action`,
+`core.resuming.check_retry_failed`), so they cannot drift apart. Only an operation that has
+work to do activates the job; an actor created to refuse would stay (a detached process).
+"""
 
 from __future__ import annotations
 
@@ -13,12 +21,16 @@ from typing import Any
 import ray
 from pydantic import ValidationError
 
+from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
+from choreography_ray.core.stages import Stages
+from choreography_ray.core.stopping import refuse_stop
+from choreography_ray.core.turns import Supervisor
 from choreography_ray.errors import JobLookupError, JobOperationError, StartJobError
 from choreography_ray.job import Job
 from choreography_ray.model import JobsManagerKey, JobState, StepState
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.job_actor import JobActor
-from choreography_ray.runtime.names import actor_options, job_name
+from choreography_ray.runtime import actors
+from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import CountedKind, step_pages
@@ -26,19 +38,24 @@ from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
 
+#: The operations `operate` routes to a job actor.
+OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
+
 
 class ManagerCore:
     def __init__(
         self, scope: str, namespace: str, storage_url: str, options_json: str, ray_namespace: str
     ) -> None:
         self.key = JobsManagerKey(scope=scope, namespace=namespace)
+        self.storage_url = storage_url
+        self.options_json = options_json
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, ray_namespace)
+        self.tasks = Supervisor(manager_name(scope, namespace))
         self._job_args = (storage_url, options_json, ray_namespace)
-        self._ray_namespace = ray_namespace
         self._key_recorded = False
-        self._rehydration: asyncio.Future[builtins.list[str]] | None = None
-        self._drain: asyncio.Future[None] | None = None
+        self._rehydration: asyncio.Task[builtins.list[str]] | None = None
+        self._drain: asyncio.Task[None] | None = None
         self.resuming = 0
         self.peak_resuming = 0
         self.drained: builtins.list[str] = []
@@ -48,10 +65,9 @@ class ManagerCore:
             await self.storage.add_manager_key(self.key)
             self._key_recorded = True
 
-    def job_actor(self, job_id: str) -> Any:
-        return JobActor.options(  # type: ignore[attr-defined]
-            **actor_options(job_name(job_id), self._ray_namespace)
-        ).remote(job_id, *self._job_args)
+    async def job_actor(self, job_id: str) -> Any:
+        """The job's actor, created (activated) if need be; the lookup runs off the loop."""
+        return await asyncio.to_thread(actors.job_actor, job_id, *self._job_args)
 
     async def start(self, job_type: str, request: Any) -> tuple[str, StartJobError | None]:
         await self._record_key()
@@ -74,7 +90,8 @@ class ManagerCore:
             await self.storage.create_job(state)
         except Exception as error:
             raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
-        start_error: StartJobError | None = await self.job_actor(job_id).start.remote()
+        actor = await self.job_actor(job_id)
+        start_error: StartJobError | None = await actor.start.remote()
         return job_id, start_error
 
     async def get(self, job_id: str) -> JobState:
@@ -106,9 +123,37 @@ class ManagerCore:
         return [step async for page in step_pages(self.storage, job_id) for step in page]
 
     async def operate(self, job_id: str, operation: str) -> Any:
-        """stop, resume, remove or retry_failed_steps, on the job's actor (activated if need be)."""
-        await self._owned(job_id)
-        return await getattr(self.job_actor(job_id), operation).remote()
+        """stop, resume, remove or retry_failed_steps: answered from the stored job when that
+        decides it, else on the job's actor (activated if need be)."""
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {operation!r}")
+        state = await self._owned(job_id)
+        if self._answered_from_storage(state, operation):
+            return None
+        actor = await self.job_actor(job_id)
+        return await getattr(actor, operation).remote()
+
+    def _answered_from_storage(self, state: JobState, operation: str) -> bool:
+        """Raises the job's own refusal, or returns True for an operation that does nothing
+        (a resume of a completed job); False when the job actor has work to do."""
+        if operation == "stop":
+            refuse_stop(state)
+        elif operation == "resume":
+            # Not live here: only a completed job does nothing; REMOVING raises.
+            return resume_action(state, explicit=True, live=False) is Resume.NOTHING
+        elif operation == "retry_failed_steps":
+            try:
+                job = import_type(state.type, self.options.allowed_type_prefixes)()
+            except Exception:  # the job actor reports a type it cannot load, as it always has
+                return False
+            if isinstance(job, Job):
+                check_retry_failed(job, Stages.from_progress(state.progress), state)
+        # remove always goes to the actor: on a job being removed it runs the finish again.
+        return False
+
+    def config(self) -> dict[str, str]:
+        """The storage URL and options (JSON) this manager was created with."""
+        return {"storage": self.storage_url, "options": self.options_json}
 
     # -- rehydration --------------------------------------------------------------------------
 
@@ -120,7 +165,9 @@ class ManagerCore:
         if self._rehydration is None or self._rehydration.done():
             if self._drain is not None and not self._drain.done() and self._rehydration:
                 return self._rehydration.result()
-            self._rehydration = asyncio.ensure_future(self._prepare())
+            self._rehydration = asyncio.get_running_loop().create_task(
+                self._prepare(), name=f"{self.tasks.owner}: rehydration"
+            )
         return await asyncio.shield(self._rehydration)
 
     async def _prepare(self) -> builtins.list[str]:
@@ -132,7 +179,7 @@ class ManagerCore:
             for j in sorted(jobs, key=lambda j: j.created)
             if j.status in _REHYDRATED and not (j.status is JobStatus.STOPPED and j.stop_finalized)
         ]
-        self._drain = asyncio.ensure_future(self._drain_jobs(snapshot))
+        self._drain = self.tasks.spawn("drain", self._drain_jobs(snapshot))
         return snapshot
 
     async def _drain_jobs(self, job_ids: builtins.list[str]) -> None:
@@ -147,15 +194,18 @@ class ManagerCore:
                     state = await self.storage.get_job(job_id)
                     if state is not None and state.status in _REHYDRATED:
                         self.drained.append(job_id)
-                        await self.job_actor(job_id).recover.remote()
+                        actor = await self.job_actor(job_id)
+                        await actor.recover.remote()
                 except Exception as error:
+                    # Left in storage: the next pass, or reconciliation, resumes it.
                     log.warning("rehydrating job %s failed: %s", job_id, error)
                 finally:
                     self.resuming -= 1
 
-        tasks: builtins.list[asyncio.Future[None]] = []
+        loop = asyncio.get_running_loop()
+        tasks: builtins.list[asyncio.Task[None]] = []
         for job_id in job_ids:  # oldest first: each waits its turn at the semaphore in order
-            tasks.append(asyncio.ensure_future(one(job_id)))
+            tasks.append(loop.create_task(one(job_id), name=f"{self.tasks.owner}: drain {job_id}"))
             await asyncio.sleep(0)
         await asyncio.gather(*tasks)
 
@@ -174,6 +224,8 @@ _REHYDRATED = frozenset(
 
 @ray.remote
 class JobsManagerActor:
+    """A thin shell over `ManagerCore`; created by `actors.manager_actor`."""
+
     def __init__(
         self, scope: str, namespace: str, storage_url: str, options_json: str, ray_namespace: str
     ) -> None:
@@ -183,7 +235,7 @@ class JobsManagerActor:
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
         if restarted:
             # A manager killed mid-drain comes back and drains again from storage.
-            self._restart_drain = asyncio.ensure_future(self.core.rehydrate())
+            self.core.tasks.spawn("restart rehydration", self.core.rehydrate())
 
     async def start(self, job_type: str, request: Any) -> tuple[str, StartJobError | None]:
         return await self.core.start(job_type, request)
@@ -205,6 +257,9 @@ class JobsManagerActor:
 
     async def rehydrate(self) -> builtins.list[str]:
         return await self.core.rehydrate()
+
+    async def config(self) -> dict[str, str]:
+        return self.core.config()
 
     async def drain_stats(self) -> dict[str, Any]:
         """The rehydration drain as observed: order of dispatch and peak concurrency."""

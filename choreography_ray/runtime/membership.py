@@ -1,12 +1,23 @@
-"""Live nodes and live hosting actors, as Ray reports them."""
+"""Live nodes and live hosting actors, as Ray reports them.
+
+Every function here is a blocking call to Ray's GCS (or, for `actor_is_dead`, to the state API
+of the dashboard): an async actor calls them through `asyncio.to_thread`, never on its event
+loop.
+"""
 
 from __future__ import annotations
 
 import ray
 
 
+def node_table() -> dict[str, bool]:
+    """Every node Ray knows, alive or dead, by id: whether it is alive. Ray keeps dead nodes in
+    its table (up to `maximum_gcs_dead_node_cached_count`), so a death can be seen after it."""
+    return {node["NodeID"]: bool(node.get("Alive")) for node in ray.nodes()}  # type: ignore[no-untyped-call]
+
+
 def alive_nodes() -> set[str]:
-    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}  # type: ignore[no-untyped-call]
+    return {node_id for node_id, alive in node_table().items() if alive}
 
 
 def alive_cpu_nodes() -> dict[str, int]:

@@ -87,17 +87,17 @@ try:
     state = manager.wait(job.job_id, timeout=120)
     # The recovery actor saw the node die and ran a pass (harmless for a job running live).
     recovery = ray.get_actor("recovery", namespace="node-loss")
-    passes = 0
+    stats = {}
     for _ in range(100):
-        passes = ray.get(recovery.stats.remote())["passes"]
-        if passes:
+        stats = ray.get(recovery.stats.remote())
+        if stats["passes"]:
             break
         time.sleep(0.1)
     print(json.dumps({
         "status": state.status, "progress": state.progress.model_dump(), "head": head,
         "worker": worker.node_id, "lost": lost, "removed_at": removed_at,
         "finished_at": time.time(), "steps": STEPS, "placed": placed,
-        "job": job.job_id, "passes": passes,
+        "job": job.job_id, "passes": stats["passes"], "recovery": stats,
     }), flush=True)
 finally:
     signal.alarm(0)
@@ -129,6 +129,8 @@ def run_scenario(script: str, *args: str, timeout: int) -> dict[str, Any]:
 
 
 LEASE = 2.0
+#: How much older than a step's traced start its lease heartbeat may be, in seconds.
+LEASE_SLACK = 0.5
 
 
 @pytest.mark.timeout(300)
@@ -148,8 +150,10 @@ def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
             path.unlink(missing_ok=True)
 
     steps, head, worker = result["steps"], result["head"], result["worker"]
-    # The scenario's premise: the job's own actor lives on the head; only steps are lost.
+    # The scenario's premise: the job's own actor and the recovery actor live on the head;
+    # only steps are lost.
     assert result["placed"].get(f"job/{result['job']}") == head, result["placed"]
+    assert result["placed"].get("recovery") == head, result["placed"]
     assert result["status"] == cr.JobStatus.COMPLETED_SUCCESSFULLY
     progress = result["progress"]
     # Every step counted exactly once: no step lost, none counted twice.
@@ -181,8 +185,11 @@ def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
         assert again, step_id
         assert [r for r in ends[step_id] if r["node"] == head], step_id
         if lease:
-            # Not before its lease expired: its heartbeat is no older than its start there.
-            assert min(again) - on_worker >= lease - 0.05, (step_id, on_worker, again)
+            # Not before its lease expired. The host takes the heartbeat before it writes the
+            # batch's RUNNING (a group commit) and the step traces its start only after that
+            # write, so on a busy machine the heartbeat is up to a few tenths of a second older
+            # than the start the trace shows (measured 0.14 s under a load of 20).
+            assert min(again) - on_worker >= lease - LEASE_SLACK, (step_id, on_worker, again)
     # Only steps that ran on the removed node ran twice: the surviving node's steps were
     # never started again (not by the job, nor by the recovery pass for the dead node).
     on_worker_at_all = {
@@ -191,4 +198,5 @@ def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
     twice = {s for s, started in starts.items() if len(started) > 1}
     assert twice <= on_worker_at_all, twice - on_worker_at_all
     # Ray reported the node dead, and the recovery actor ran a pass for it.
-    assert result["passes"] >= 1
+    assert result["passes"] >= 1, result["recovery"]
+    assert worker in result["recovery"]["node_deaths"], result["recovery"]

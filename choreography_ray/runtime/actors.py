@@ -1,0 +1,48 @@
+"""Creating the package's named actors: a jobs manager, the recovery actor, a job actor.
+
+Each function returns a handle to the named detached actor and creates the actor first if it
+does not exist yet (get-if-exists, `names.actor_options`), so the name, the options and the
+constructor arguments of each actor are written once, here. The actor classes are imported
+inside the functions, because the modules that define them call these functions.
+
+Getting a handle by name asks Ray's GCS and blocks until it answers. Async actors must call
+these functions through `asyncio.to_thread`, never on their event loop.
+
+Handles are `Any`: Ray types a handle's methods as `Never` (`ActorHandle.__getattr__`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from choreography_ray.runtime.names import RECOVERY, actor_options, job_name, manager_name
+
+
+def manager_actor(
+    scope: str, namespace: str, storage_url: str, options_json: str, ray_namespace: str
+) -> Any:
+    """`jobs-manager/{scope}/{namespace}`. An existing manager keeps the storage and options it
+    was created with; `config()` tells them."""
+    from choreography_ray.runtime.manager import JobsManagerActor
+
+    return JobsManagerActor.options(  # type: ignore[attr-defined]
+        **actor_options(manager_name(scope, namespace), ray_namespace)
+    ).remote(scope, namespace, storage_url, options_json, ray_namespace)
+
+
+def recovery_actor(ray_namespace: str) -> Any:
+    """`recovery`, one per Ray namespace."""
+    from choreography_ray.runtime.recovery import RecoveryActor
+
+    return RecoveryActor.options(  # type: ignore[attr-defined]
+        **actor_options(RECOVERY, ray_namespace)
+    ).remote(ray_namespace)
+
+
+def job_actor(job_id: str, storage_url: str, options_json: str, ray_namespace: str) -> Any:
+    """`job/{job_id}`: the job's activation, loaded from storage when the actor is created."""
+    from choreography_ray.runtime.job_actor import JobActor
+
+    return JobActor.options(  # type: ignore[attr-defined]
+        **actor_options(job_name(job_id), ray_namespace)
+    ).remote(job_id, storage_url, options_json, ray_namespace)
