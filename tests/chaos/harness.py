@@ -95,7 +95,7 @@ PROFILES = {
         faults=(1, 2),
         job_seconds=(3.0, 6.0),
         weights=_COMMON,
-        settle_timeout=90.0,
+        settle_timeout=60.0,
         deadline=240,
     ),
     # The soak: bigger jobs, more faults, and the lock held past SQLite's busy timeout.

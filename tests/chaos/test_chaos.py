@@ -16,12 +16,21 @@ from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_see
 #: Seconds one seed may take: the run's own deadline, and its cluster's shutdown.
 pytestmark = pytest.mark.timeout(PROFILES["ci"].deadline + 120)
 
-#: The seeds CI runs: one or two faults each, jobs of a few hundred steps.
-CI_SEEDS = [0, 1, 2, 3, 4, 5, 7, 8, 10, 11]
+#: The seeds CI runs: one or two faults each, jobs of a few hundred steps. With the regression
+#: seeds below, CI makes 12 runs.
+CI_SEEDS = [2, 3, 4, 5, 7, 8, 10, 11]
 
 #: Seeds that found a bug in the runtime, with the bug. They stay here once fixed; until then
 #: they are expected to fail (not strictly: the fault's timing decides whether the bug shows).
 REGRESSIONS: dict[int, str] = {
+    0: "after storage_lost_ack (writes commit, then raise), a staged job stays RUNNING for good: "
+    "two steps whose attempt 1 failed (of 2 allowed) are stored COMPLETED_WITH_FAILURE at "
+    "attempt 1, never retried and never counted (the step records show RUNNING written 2-4 "
+    "times: the start operations were retried after lost acknowledgements); the job actor "
+    "logs ConcurrencyError 'is at version N+1, not N' after a lost acknowledgement of save_job",
+    1: "the same as seed 0 on a one-stage job: it stays RUNNING with one failure stored and "
+    "not counted (275 of 276 outcomes) after a save_job whose acknowledgement was lost makes "
+    "the next saves raise ConcurrencyError",
     6: "a dedicated step actor running when its job actor is killed is never released: the "
     "new activation does not know its handle, so `step/{job}/{step}` stays alive after the job "
     "completes",
