@@ -26,7 +26,7 @@ import ray
 import choreography_ray as cr
 from benchmarks.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
 from benchmarks.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
-from choreography_ray.client import SETTLED
+from choreography_ray.client import settled
 from choreography_ray.model import Lease, StatusChange, StepState, utcnow
 from choreography_ray.runtime.names import job_name, manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
@@ -131,7 +131,7 @@ def status_of(state: cr.JobState, stalled: bool = False) -> str:
 
 
 def _settled(state: cr.JobState) -> bool:
-    return state.status in SETTLED
+    return settled(state)
 
 
 def _counted(state: cr.JobState) -> int:

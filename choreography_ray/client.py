@@ -37,15 +37,11 @@ from choreography_ray.types import type_path
 
 T = TypeVar("T")
 
-#: Statuses `wait` returns at.
-SETTLED = frozenset(
-    {
-        JobStatus.COMPLETED_SUCCESSFULLY,
-        JobStatus.COMPLETED_WITH_FAILURES,
-        JobStatus.FAILED,
-        JobStatus.STOPPED,
-    }
-)
+
+def settled(state: JobState) -> bool:
+    """What `wait` returns at: a terminal status, or a stop that is final (every running step
+    reported its stop and `on_stopped` ran, so `progress.stopped_steps` is complete)."""
+    return state.status.is_terminal or (state.status is JobStatus.STOPPED and state.stop_finalized)
 
 
 def default_storage_url() -> str:
@@ -174,10 +170,14 @@ class AsyncJobsManager:
         delay = 0.02
         while True:
             state: JobState = await self._call("status", job_id)
-            if state.status in SETTLED:
+            if settled(state):
                 return await self.get(job_id)
             if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeoutError(f"job {job_id} is still {state.status} after {timeout} s")
+                raise JobTimeoutError(
+                    f"job {job_id} is still {state.status}"
+                    + (" (its stop not final yet)" if state.status is JobStatus.STOPPED else "")
+                    + f" after {timeout} s"
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 

@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from choreography_ray.client import settled
 from choreography_ray.model import JobState, StepState, utcnow
 from choreography_ray.status import JobStageFailureBehavior, JobStatus
 
@@ -33,8 +34,8 @@ def job_duration(state: JobState) -> timedelta | None:
     changes = state.status_changes
     if not changes:
         return None
-    settled = state.status.is_terminal or state.status is JobStatus.STOPPED
-    return (changes[-1].occurred if settled else utcnow()) - changes[0].occurred
+    at_rest = settled(state)
+    return (changes[-1].occurred if at_rest else utcnow()) - changes[0].occurred
 
 
 def outcome(

@@ -32,7 +32,7 @@ from choreography_ray.cli._common import (
     resolve_storage,
 )
 from choreography_ray.cli._render import failed_steps_table, outcome
-from choreography_ray.client import SETTLED
+from choreography_ray.client import settled
 from choreography_ray.examples.demo import DemoJob, DemoRequest
 from choreography_ray.status import StepStatus
 
@@ -87,7 +87,7 @@ def demo(
                         completed=counts.successful_steps + failed,
                         failed=failed,
                     )
-                    if state.status in SETTLED:
+                    if settled(state):
                         break
                     time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
