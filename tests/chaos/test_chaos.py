@@ -28,9 +28,10 @@ REGRESSIONS: dict[int, str] = {
     "attempt 1, never retried and never counted (the step records show RUNNING written 2-4 "
     "times: the start operations were retried after lost acknowledgements); the job actor "
     "logs ConcurrencyError 'is at version N+1, not N' after a lost acknowledgement of save_job",
-    1: "the same as seed 0 on a one-stage job: it stays RUNNING with one failure stored and "
-    "not counted (275 of 276 outcomes) after a save_job whose acknowledgement was lost makes "
-    "the next saves raise ConcurrencyError",
+    1: "the same as seed 0 on a one-stage job: step 000177 failed at attempt 1 of 2, its "
+    "RUNNING write committed twice and its failure three times (lost acknowledgements, retried), "
+    "and it was neither retried nor counted: the job stays RUNNING at 275 of 276 outcomes "
+    "(the job actor also logs ConcurrencyError after a lost acknowledgement of save_job)",
     6: "a dedicated step actor running when its job actor is killed is never released: the "
     "new activation does not know its handle, so `step/{job}/{step}` stays alive after the job "
     "completes",
