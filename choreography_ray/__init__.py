@@ -20,6 +20,7 @@ from choreography_ray.errors import (
     StorageError,
     StorageUnavailableError,
     TypeImportError,
+    UnsupportedSchemaError,
 )
 from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import (
@@ -76,5 +77,6 @@ __all__ = [
     "StorageError",
     "StorageUnavailableError",
     "TypeImportError",
+    "UnsupportedSchemaError",
     "__version__",
 ]

@@ -12,7 +12,8 @@ One root, `ChoreographyError`::
         ├── StorageUnavailableError      the database cannot be reached (URL shown without password)
         ├── ConcurrencyError             a job save lost an optimistic-concurrency race
         ├── DuplicateRecordError         a record with that id exists already
-        └── CorruptRecordError           a stored record does not parse (collection and id named)
+        ├── CorruptRecordError           a stored record does not parse (collection and id named)
+        └── UnsupportedSchemaError       a stored record is of a newer schema than this release
 """
 
 from __future__ import annotations
@@ -149,3 +150,32 @@ class CorruptRecordError(StorageError):
 
     def __reduce__(self) -> tuple[type[CorruptRecordError], tuple[str, str, str]]:
         return CorruptRecordError, (self.collection, self.record_id, self.reason)
+
+
+class UnsupportedSchemaError(StorageError):
+    """A stored record carries a `schema_version` newer than this release reads: it was written
+    by a newer release and is refused, never misread (nor written over). Built by `for_record`,
+    whose message names the collection, the record id, its version and the version read here;
+    the same values are its attributes."""
+
+    collection: str = ""
+    record_id: str = ""
+    version: int | None = None
+    supported: int | None = None
+
+    @classmethod
+    def for_record(
+        cls, collection: str, record_id: str, version: int, supported: int
+    ) -> UnsupportedSchemaError:
+        error = cls(
+            f"record {record_id!r} in {collection!r} has schema_version {version}; this release "
+            f"reads schema_version {supported} and older: upgrade choreography-ray to read it"
+        )
+        error.collection, error.record_id = collection, record_id
+        error.version, error.supported = version, supported
+        return error
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[UnsupportedSchemaError], tuple[str, ...], dict[str, object]]:
+        return type(self), tuple(map(str, self.args)), dict(vars(self))

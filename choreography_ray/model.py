@@ -1,7 +1,11 @@
 """The records every part shares: job and step state, progress, leases and keys.
 
 Every stored record carries `schema_version`. A record written before a field existed loads with
-that field's default (pydantic fills it), which is how records of older releases are read.
+that field's default (pydantic fills it), which is how records of older releases are read; a
+record written before `schema_version` existed is of version 1 (`FIRST_SCHEMA_VERSION`). A
+record of a newer version than `SCHEMA_VERSION` is refused by every provider before it is parsed
+(`check_schema_version`): a newer release may have changed what a field means, so reading it with
+this release's defaults could misread it, and saving it back would lose what it added.
 """
 
 from __future__ import annotations
@@ -11,10 +15,27 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from choreography_ray.errors import UnsupportedSchemaError
 from choreography_ray.status import JobStatus, StepStatus
 
-#: The schema version this release writes.
+#: The schema version this release writes, and the newest it reads.
 SCHEMA_VERSION = 1
+#: The version of a record stored without `schema_version` (written before the field existed).
+FIRST_SCHEMA_VERSION = 1
+
+
+def check_schema_version(collection: str, record_id: str, version: object) -> None:
+    """Raises `UnsupportedSchemaError` when a stored record's `schema_version` (None when it has
+    none) is newer than this release reads. A value that is not a whole number is left to the
+    record's validation, which reports it as corrupt."""
+    if isinstance(version, bool) or not isinstance(version, int | str):
+        return
+    try:
+        number = int(version)
+    except ValueError:
+        return
+    if number > SCHEMA_VERSION:
+        raise UnsupportedSchemaError.for_record(collection, record_id, number, SCHEMA_VERSION)
 
 
 def utcnow() -> datetime:

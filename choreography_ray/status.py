@@ -90,6 +90,25 @@ _OUTCOME_STEP = frozenset(
 )
 
 
+#: Jobs an activation drives: preparing or running.
+LIVE_JOB = frozenset(
+    {
+        JobStatus.PREPARING_JOB,
+        JobStatus.PREPARING_STEPS,
+        JobStatus.STARTING_STEPS,
+        JobStatus.RUNNING,
+    }
+)
+#: Jobs rehydration looks at: live ones, and stops and removals that may be unfinished.
+REHYDRATED_JOB = LIVE_JOB | {JobStatus.STOPPED, JobStatus.REMOVING}
+#: Steps that failed: counted as failed.
+FAILED_STEP = frozenset({StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE})
+#: Steps without an outcome yet: to start, running, stopped or being removed.
+UNFINISHED_STEP = frozenset(
+    {StepStatus.RUNNING, StepStatus.SCHEDULED, StepStatus.STOPPED, StepStatus.REMOVING}
+)
+
+
 class JobStageFailureBehavior(enum.StrEnum):
     """What a failed step in a stage does to the stages after it."""
 

@@ -27,10 +27,10 @@ from choreography_ray.cli._render import (
 )
 from choreography_ray.errors import StorageError
 from choreography_ray.model import JobState, StepState
-from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.storage import Storage, open_storage
 
-_FAILED = (StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE, StepStatus.UNREACHABLE)
+_FAILED = FAILED_STEP | {StepStatus.UNREACHABLE}
 
 
 def parse_status(text: str) -> JobStatus:

@@ -26,7 +26,7 @@ from choreography_ray.core import leases, resuming, stopping
 from choreography_ray.core.counting import Counting
 from choreography_ray.core.hosts import Hosts
 from choreography_ray.core.resuming import Recover, Resume
-from choreography_ray.core.retries import FAILED_STATUSES, STANDARD, RetrySchedule, decide
+from choreography_ray.core.retries import STANDARD, RetrySchedule, decide
 from choreography_ray.core.stages import (
     PLAN_CHUNK,
     Stages,
@@ -55,7 +55,7 @@ from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import JobState, StatusChange
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
-from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.step import JobStep
 from choreography_ray.storage import StepUpdate, Storage, step_pages
 from choreography_ray.types import import_type
@@ -647,7 +647,7 @@ class JobCore:
             return True
         if self.counting.is_counted(step_id):
             return False
-        if outcome.status in FAILED_STATUSES:
+        if outcome.status in FAILED_STEP:
             decision = decide(self._job, self.options, outcome)
             if decision.retry and self.live:
                 self.retries.schedule(start, decision.delay)
@@ -836,7 +836,7 @@ class JobCore:
             resuming.check_retry_failed(self._job, self.stages, state)
             failed = [
                 StepStart(s.step_id, s.type, s.stage, s.attempt + 1, json.dumps(s.request))
-                async for page in step_pages(self.storage, self.job_id, statuses=FAILED_STATUSES)
+                async for page in step_pages(self.storage, self.job_id, statuses=FAILED_STEP)
                 for s in page
             ]
             # Retrying a counted failure removes its failed count: the counts change with the

@@ -19,10 +19,7 @@ from typing import Any
 from choreography_ray.job import Job
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
-from choreography_ray.status import StepStatus
 from choreography_ray.step import StepResult
-
-FAILED_STATUSES = (StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Any
 from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import JobProgress, StageProgress
 from choreography_ray.runtime.messages import StepStart
-from choreography_ray.status import JobStageFailureBehavior, StepStatus
+from choreography_ray.status import UNFINISHED_STEP, JobStageFailureBehavior, StepStatus
 from choreography_ray.storage import PlannedStep, StatusCounts, StepUpdate, Storage, step_pages
 
 
@@ -122,10 +122,6 @@ class Stages:
             counter.successful = counter.total - sum(stored.values())
 
 
-#: Stored statuses of a step that has not reached an outcome yet.
-UNFINISHED = (StepStatus.RUNNING, StepStatus.SCHEDULED, StepStatus.STOPPED, StepStatus.REMOVING)
-
-
 @dataclass(frozen=True, slots=True)
 class AfterStage:
     """What a finished stage leads to: the next stage to begin, or completion (with the later
@@ -170,7 +166,7 @@ async def stored_unfinished(storage: Storage, job_id: str, stage: int) -> list[S
     """The stage's unfinished steps from storage, the ones that were running first."""
     running: list[StepStart] = []
     others: list[StepStart] = []
-    async for page in step_pages(storage, job_id, statuses=UNFINISHED, stage=stage):
+    async for page in step_pages(storage, job_id, statuses=UNFINISHED_STEP, stage=stage):
         for s in page:
             start = StepStart(s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request))
             (running if s.status is StepStatus.RUNNING else others).append(start)

@@ -10,10 +10,8 @@ infinite interval turns it off.
 
 from __future__ import annotations
 
-from choreography_ray.core.retries import FAILED_STATUSES
-from choreography_ray.core.stages import UNFINISHED
 from choreography_ray.runtime.messages import Outcome, StepStart
-from choreography_ray.status import StepStatus
+from choreography_ray.status import FAILED_STEP, UNFINISHED_STEP, StepStatus
 from choreography_ray.storage import StatusCounts, Storage, step_pages
 
 #: Ticks skipped between retries of a failed `on_before_resuming_job_steps`, by failure count.
@@ -45,7 +43,9 @@ class HookBackoff:
 
 def stage_done_in_storage(counts: StatusCounts, stage: int) -> bool:
     """Storage holds no unfinished step of the stage."""
-    return not any(n for (s, status), n in counts.items() if s == stage and status in UNFINISHED)
+    return not any(
+        n for (s, status), n in counts.items() if s == stage and status in UNFINISHED_STEP
+    )
 
 
 async def lost_reports(
@@ -66,7 +66,7 @@ async def lost_reports(
             entry = active.get(step.step_id)
             if entry is None or step.attempt != entry[0].attempt:
                 continue
-            if step.status in FAILED_STATUSES or step.status is StepStatus.STOPPED:
+            if step.status in FAILED_STEP or step.status is StepStatus.STOPPED:
                 changes = step.status_changes
                 messages = changes[-1].exception_messages if changes else ()
                 message = messages[0] if messages else None

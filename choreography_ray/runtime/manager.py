@@ -32,7 +32,7 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
-from choreography_ray.status import JobStatus
+from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import CountedKind, step_pages
 from choreography_ray.types import import_type
 
@@ -177,7 +177,8 @@ class ManagerCore:
         snapshot = [
             j.id
             for j in sorted(jobs, key=lambda j: j.created)
-            if j.status in _REHYDRATED and not (j.status is JobStatus.STOPPED and j.stop_finalized)
+            if j.status in REHYDRATED_JOB
+            and not (j.status is JobStatus.STOPPED and j.stop_finalized)
         ]
         self._drain = self.tasks.spawn("drain", self._drain_jobs(snapshot))
         return snapshot
@@ -192,7 +193,7 @@ class ManagerCore:
                 try:
                     # Reloaded before dispatch: a job finished meanwhile is left alone.
                     state = await self.storage.get_job(job_id)
-                    if state is not None and state.status in _REHYDRATED:
+                    if state is not None and state.status in REHYDRATED_JOB:
                         self.drained.append(job_id)
                         actor = await self.job_actor(job_id)
                         await actor.recover.remote()
@@ -208,18 +209,6 @@ class ManagerCore:
             tasks.append(loop.create_task(one(job_id), name=f"{self.tasks.owner}: drain {job_id}"))
             await asyncio.sleep(0)
         await asyncio.gather(*tasks)
-
-
-_REHYDRATED = frozenset(
-    {
-        JobStatus.RUNNING,
-        JobStatus.PREPARING_JOB,
-        JobStatus.PREPARING_STEPS,
-        JobStatus.STARTING_STEPS,
-        JobStatus.STOPPED,
-        JobStatus.REMOVING,
-    }
-)
 
 
 @ray.remote

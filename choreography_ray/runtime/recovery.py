@@ -48,7 +48,7 @@ from choreography_ray.runtime import actors
 from choreography_ray.runtime.membership import node_table
 from choreography_ray.runtime.names import RECOVERY, job_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
-from choreography_ray.status import JobStatus
+from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import redact_url
 from choreography_ray.types import import_type
 
@@ -60,13 +60,6 @@ MEMBERSHIP_POLL = 1.0
 RECONCILIATION_IDLE = 5.0
 #: The internal-KV namespace of every key this package writes.
 KV_NAMESPACE = "choreography_ray"
-#: Statuses of a job that should have a live job actor.
-LIVE = (
-    JobStatus.RUNNING,
-    JobStatus.PREPARING_JOB,
-    JobStatus.PREPARING_STEPS,
-    JobStatus.STARTING_STEPS,
-)
 
 Retry = Callable[[str, Callable[[], Awaitable[Any]]], None]
 
@@ -323,7 +316,7 @@ class RecoveryCore:
             for key in await tenant.keys(self._retry):
                 jobs = [
                     j
-                    for status in (*LIVE, JobStatus.STOPPED, JobStatus.REMOVING)
+                    for status in REHYDRATED_JOB
                     for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)
                     if not (j.status is JobStatus.STOPPED and j.stop_finalized)
                 ]

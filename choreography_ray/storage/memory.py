@@ -2,7 +2,8 @@
 
 Jobs, steps and counted records live in dicts of immutable records. Inside a Ray cluster
 `memory://` is held by one actor (see `choreography_ray.runtime.memory_actor`) so every process
-sees the same data; it is lost with the cluster.
+sees the same data; it is lost with the cluster. Records are stored at this release's
+`schema_version`; one of a newer version (as a test injects) is refused when read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from collections.abc import Collection, Sequence
 from typing import TypeVar
 
 from choreography_ray.errors import ConcurrencyError, CorruptRecordError, DuplicateRecordError
-from choreography_ray.model import JobsManagerKey, JobState, StepState, utcnow
+from choreography_ray.model import (
+    SCHEMA_VERSION,
+    JobsManagerKey,
+    JobState,
+    StepState,
+    check_schema_version,
+    utcnow,
+)
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
@@ -37,7 +45,12 @@ class MemoryStorage:
         if job.id in self.jobs:
             raise DuplicateRecordError(f"job {job.id!r} exists already")
         stored = job.model_copy(
-            update={"version": 1, "completed_steps_counted": (), "stopped_steps_counted": ()}
+            update={
+                "version": 1,
+                "completed_steps_counted": (),
+                "stopped_steps_counted": (),
+                "schema_version": SCHEMA_VERSION,
+            }
         )
         self.jobs[job.id] = stored
         return stored
@@ -55,6 +68,7 @@ class MemoryStorage:
                 "version": job.version + 1,
                 "completed_steps_counted": (),
                 "stopped_steps_counted": (),
+                "schema_version": SCHEMA_VERSION,
             }
         )
         self.jobs[job.id] = stored
@@ -65,8 +79,9 @@ class MemoryStorage:
     ) -> list[JobState]:
         return [
             j
-            for j in self.jobs.values()
-            if j.scope == scope
+            for job_id, job in self.jobs.items()
+            if (j := _checked(job, JobState, "jobs", job_id)) is not None
+            and j.scope == scope
             and j.namespace == namespace
             and (status is None or j.status == status)
         ]
@@ -117,7 +132,7 @@ class MemoryStorage:
         start = 0 if after is None else bisect.bisect_right(ids, after)
         page: list[StepState] = []
         for step_id in ids[start:]:
-            step = steps.get(step_id)
+            step = _checked(steps.get(step_id), StepState, "job_steps", f"{job_id}/{step_id}")
             if step is None or (statuses is not None and step.status not in statuses):
                 continue
             if stage is not None and step.stage != stage:
@@ -204,7 +219,10 @@ _R = TypeVar("_R", JobState, StepState)
 
 def _checked(record: object, model: type[_R], collection: str, key: str) -> _R | None:
     """`record`, unless something other than a `model` was stored under `key` (as a test does
-    to inject a corrupt record)."""
-    if record is None or isinstance(record, model):
+    to inject a corrupt record) or it is of a newer schema than this release reads."""
+    if record is None:
+        return None
+    if isinstance(record, model):
+        check_schema_version(collection, key, record.schema_version)
         return record
     raise CorruptRecordError(collection, key, f"not a {model.__name__}: {record!r:.80}")

@@ -25,6 +25,10 @@ Indexes are created on first use, once per instance. The code keeps to what both
   the memory provider. No partial indexes (nx makes them full); none is needed. No subdocument
   `_id` (nx rejects an upsert on one).
 
+Every document is written with this release's `schema_version`; one without the field is of
+version 1 and reads missing fields as their defaults; one of a newer version is refused with
+`UnsupportedSchemaError` before it is parsed.
+
 The driver is pymongo's sync `MongoClient` on a small thread pool (`loop.run_in_executor`):
 `AsyncMongoClient` is GA only from pymongo 4.13 (the project allows 4.6) and is bound to the loop
 it first ran on, while a storage instance may serve several loops (sync wrappers, Ray actors).
@@ -61,7 +65,15 @@ from choreography_ray.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from choreography_ray.model import JobsManagerKey, JobState, StepState, step_key, utcnow
+from choreography_ray.model import (
+    SCHEMA_VERSION,
+    JobsManagerKey,
+    JobState,
+    StepState,
+    check_schema_version,
+    step_key,
+    utcnow,
+)
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
@@ -115,11 +127,13 @@ def _encode(value: Any) -> Any:
 def _document(record: JobState | StepState, key: str) -> Doc:
     doc: Doc = _encode(record.model_dump(exclude={"id", "status_changes", *_COUNTED}))
     doc["_id"] = key
+    doc["schema_version"] = SCHEMA_VERSION
     doc["status_changes"] = [change.model_dump_json() for change in record.status_changes]
     return doc
 
 
 def _parse(model: type[M], collection: str, doc: Mapping[str, Any]) -> M:
+    check_schema_version(collection, str(doc.get("_id")), doc.get("schema_version"))
     try:
         changes = [json.loads(c) for c in doc.get("status_changes", ())]
         return model.model_validate({**doc, "id": doc.get("_id"), "status_changes": changes})

@@ -29,6 +29,14 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         size. `remove_job_counted` also deletes the job's job_numbers row.
     jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
 
+Opening a file creates what is missing, in one transaction: the tables, then the columns a file
+of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`, `error`,
+`version` and `schema_version` of `jobs`; `attempt`, `lease`, `is_prepared` and
+`schema_version` of `job_steps`), each with the default its field reads as (`schema_version`
+1; `has_plan` 1 for a job whose progress has totals, which are written with the plan), then the
+indexes. Every row is written with this release's `SCHEMA_VERSION`; a row of a
+newer one is refused with `UnsupportedSchemaError` before it is parsed.
+
 Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
 an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
 meanwhile; it returns the rows the `executemany` changed. A status change is appended in SQL
@@ -61,10 +69,12 @@ from choreography_ray.errors import (
     StorageUnavailableError,
 )
 from choreography_ray.model import (
+    FIRST_SCHEMA_VERSION,
     SCHEMA_VERSION,
     JobsManagerKey,
     JobState,
     StepState,
+    check_schema_version,
     step_key,
     utcnow,
 )
@@ -88,23 +98,18 @@ CACHE_SIZE_KIB = 32_768
 _PREFIX = "sqlite:///"
 _KIND_NO = {CountedKind.COMPLETED: 0, CountedKind.STOPPED: 1}
 
-_SCHEMA = """
-BEGIN IMMEDIATE;
+_TABLES = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, scope TEXT NOT NULL, namespace TEXT NOT NULL, type TEXT NOT NULL,
     status TEXT NOT NULL, stage INTEGER NOT NULL, progress TEXT NOT NULL, request TEXT NOT NULL,
     status_changes TEXT NOT NULL, has_plan INTEGER NOT NULL, stop_finalized INTEGER NOT NULL,
     records_counted_steps INTEGER NOT NULL, error TEXT, created TEXT NOT NULL,
     version INTEGER NOT NULL, schema_version INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS jobs_scope_namespace_status ON jobs (scope, namespace, status);
-CREATE INDEX IF NOT EXISTS jobs_status_stop_finalized ON jobs (status, stop_finalized);
 CREATE TABLE IF NOT EXISTS job_steps (
     job_id TEXT NOT NULL, step_id TEXT NOT NULL, type TEXT NOT NULL, stage INTEGER NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, lease TEXT, is_prepared INTEGER NOT NULL,
     request TEXT NOT NULL, status_changes TEXT NOT NULL, updated TEXT NOT NULL,
     schema_version INTEGER NOT NULL, PRIMARY KEY (job_id, step_id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
-CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 CREATE TABLE IF NOT EXISTS job_numbers (
     job_no INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS job_counted_steps (
@@ -112,8 +117,31 @@ CREATE TABLE IF NOT EXISTS job_counted_steps (
     PRIMARY KEY (job_no, kind, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS jobs_manager_keys (
     scope TEXT NOT NULL, namespace TEXT NOT NULL, PRIMARY KEY (scope, namespace)) WITHOUT ROWID;
-COMMIT;
 """
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_scope_namespace_status ON jobs (scope, namespace, status);
+CREATE INDEX IF NOT EXISTS jobs_status_stop_finalized ON jobs (status, stop_finalized);
+CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
+CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
+"""
+#: The columns a file of an older release may lack, with what they read as on its rows: the
+#: field's default in `JobState` / `StepState` (a record without a version is version 1).
+_ADDED_COLUMNS = {
+    "jobs": {
+        "has_plan": "INTEGER NOT NULL DEFAULT 0",
+        "stop_finalized": "INTEGER NOT NULL DEFAULT 0",
+        "records_counted_steps": "INTEGER NOT NULL DEFAULT 0",
+        "error": "TEXT",
+        "version": "INTEGER NOT NULL DEFAULT 0",
+        "schema_version": f"INTEGER NOT NULL DEFAULT {FIRST_SCHEMA_VERSION}",
+    },
+    "job_steps": {
+        "attempt": "INTEGER NOT NULL DEFAULT 0",
+        "lease": "TEXT",
+        "is_prepared": "INTEGER NOT NULL DEFAULT 1",
+        "schema_version": f"INTEGER NOT NULL DEFAULT {FIRST_SCHEMA_VERSION}",
+    },
+}
 
 _JOB_COLUMNS = (
     "id", "scope", "namespace", "type", "status", "stage", "progress", "request",
@@ -340,7 +368,7 @@ class SqliteStorage:
                 raise sqlite3.OperationalError(f"journal mode is {mode!r}, not WAL")
             connection.execute("PRAGMA synchronous = NORMAL")
             connection.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
-            connection.executescript(_SCHEMA)
+            _transaction(connection, _lay_out)
         except (OSError, sqlite3.Error) as exc:
             if connection is not None:
                 connection.close()
@@ -370,6 +398,28 @@ def _transaction(
         raise
 
 
+_HAS_PLAN_FROM_TOTALS = (
+    "UPDATE jobs SET has_plan = 1 WHERE json_extract(progress, '$.total_steps') > 0"
+)
+
+
+def _lay_out(connection: sqlite3.Connection) -> None:
+    """Creates what is missing: the tables, the columns an older release did not write (see
+    `_ADDED_COLUMNS`), then the indexes, some of which are on added columns."""
+    for statement in filter(str.strip, _TABLES.split(";")):
+        connection.execute(statement)
+    for table, added in _ADDED_COLUMNS.items():
+        present = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+        for column, declaration in added.items():
+            if column not in present:
+                connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                if (table, column) == ("jobs", "has_plan"):
+                    # The plan's totals are written with the plan: a job with totals has one.
+                    connection.execute(_HAS_PLAN_FROM_TOTALS)
+    for statement in filter(str.strip, _INDEXES.split(";")):
+        connection.execute(statement)
+
+
 def _without_counted(job: JobState, *, version: int) -> JobState:
     return job.model_copy(
         update={"version": version, "completed_steps_counted": (), "stopped_steps_counted": ()}
@@ -383,7 +433,7 @@ def _job_row(job: JobState) -> tuple[Any, ...]:
         job.progress.model_dump_json(exclude_computed_fields=True), to_json(job.request).decode(),
         to_json(job.status_changes).decode(), job.has_plan, job.stop_finalized,
         job.records_counted_steps, job.error, created.isoformat(timespec="microseconds"),
-        job.version, job.schema_version,
+        job.version, SCHEMA_VERSION,
     )  # fmt: skip
 
 
@@ -415,7 +465,7 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
             None if s.lease is None else to_json(s.lease).decode(), s.is_prepared,
             to_json(s.request).decode() if s.request else "{}",
             to_json(s.status_changes).decode() if s.status_changes else "[]",
-            when, s.schema_version,
+            when, SCHEMA_VERSION,
         )
         for s, when in zip(steps, updated, strict=True)
     ]  # fmt: skip
@@ -507,6 +557,7 @@ def _step(row: Sequence[Any]) -> StepState:
 
 def _parse(model: type[_M], columns: Sequence[str], row: Sequence[Any], table: str, key: str) -> _M:
     record: dict[str, Any] = dict(zip(columns, row, strict=True))
+    check_schema_version(table, key, record["schema_version"])
     for column in _JSON_COLUMNS.intersection(columns):
         try:
             record[column] = None if record[column] is None else json.loads(record[column])
