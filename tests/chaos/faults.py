@@ -17,6 +17,7 @@ the step log shows were already reported).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,6 +47,9 @@ HEALTH = {
     "health_check_failure_threshold": 3,
     "health_check_initial_delay_ms": 0,
 }
+
+#: Seconds Ray takes to declare a removed node dead with `HEALTH`, with a margin.
+NODE_DEATH_SECONDS = 3.0
 
 #: Seconds a client call keeps retrying while Ray restarts the actor it calls.
 CALL_PATIENCE = 60.0
@@ -338,8 +342,26 @@ def inject(
             return Injected(False, "only the head node is left")
         node = workers[int(pick * len(workers)) % len(workers)]
         assert world.cluster is not None
+        # The node's Ray workers outlive its raylet for seconds and go on serving direct actor
+        # calls; a machine that dies takes them along, so they are killed with it.
+        pids = [
+            int(a["Pid"])
+            for a in world.actors()
+            if a.get("State") == "ALIVE"
+            and a.get("Address", {}).get("NodeID") == node.node_id
+            and a.get("Pid")
+        ]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         world.cluster.remove_node(node, allow_graceful=False)
-        return Injected(True, f"removed worker node {node.node_id[:12]} (its processes killed)")
+        return Injected(
+            True,
+            f"removed worker node {node.node_id[:12]}: SIGKILL to its {len(pids)} actor "
+            "processes, then its raylet and the rest killed",
+            # Ray declares it dead about 2 s later; until then the job may still place steps.
+            until=time.time() + NODE_DEATH_SECONDS,
+        )
     if kind == "add_node":
         assert world.cluster is not None
         node = world.cluster.add_node(num_cpus=1)
