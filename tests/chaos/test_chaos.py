@@ -48,6 +48,11 @@ SOAK_REGRESSIONS: dict[int, str] = {
     "000579 of the second job were started again on the restarted host (19.9 s), succeeded "
     "(20.2-20.3 s), and were started a second time on the same host process 0.2 s later with "
     "no fault between (counting held: the duplicate run is not counted twice)",
+    105: "leases on, no state API in the run's cluster: after a host kill and writes refused "
+    "past SQLite's busy timeout, the job stays RUNNING at 1847 of 1848 outcomes with one stored "
+    "failure not counted; its job actor logs 'Found multiple active Ray instances ... Connecting "
+    "to latest cluster' 95 times: the lease check's state API call finds another Ray instance "
+    "of the machine, not its own, and 844 steps ran again",
 }
 
 
