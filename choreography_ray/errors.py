@@ -158,22 +158,36 @@ class UnsupportedSchemaError(StorageError):
     whose message names the collection, the record id, its version and the version read here;
     the same values are its attributes."""
 
-    collection: str = ""
-    record_id: str = ""
-    version: int | None = None
-    supported: int | None = None
+    def __init__(
+        self,
+        message: str,
+        *,
+        collection: str = "",
+        record_id: str = "",
+        version: int | None = None,
+        supported: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.collection = collection
+        self.record_id = record_id
+        self.version = version
+        self.supported = supported
 
     @classmethod
     def for_record(
         cls, collection: str, record_id: str, version: int, supported: int
     ) -> UnsupportedSchemaError:
-        error = cls(
+        message = (
             f"record {record_id!r} in {collection!r} has schema_version {version}; this release "
             f"reads schema_version {supported} and older: upgrade choreography-ray to read it"
         )
-        error.collection, error.record_id = collection, record_id
-        error.version, error.supported = version, supported
-        return error
+        return cls(
+            message,
+            collection=collection,
+            record_id=record_id,
+            version=version,
+            supported=supported,
+        )
 
     def __reduce__(
         self,
