@@ -64,6 +64,9 @@ class JobsOptions(BaseModel):
     #: An async `perform` that holds the event loop longer than this without awaiting is
     #: recorded as failed when it ends; zero turns the check off.
     step_event_loop_block_limit: Duration = timedelta(seconds=5)
+    #: The largest request `start` takes, in bytes of its JSON: a request is stored whole in the
+    #: job's record (MongoDB refuses documents over 16 MiB) and travels to every step it prepares.
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1)
     #: How often a job saves its progress while steps report (progress is a cache; the watchdog
     #: recounts from storage).
     progress_save_interval: Duration = timedelta(milliseconds=250)

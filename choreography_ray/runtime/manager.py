@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
 from choreography_ray.core.stages import Stages
@@ -70,6 +71,14 @@ class ManagerCore:
         return await asyncio.to_thread(actors.job_actor, job_id, *self._job_args)
 
     async def start(self, job_type: str, request: Any) -> tuple[str, StartJobError | None]:
+        # Before anything is stored: a request is stored whole in the job's record.
+        size = len(to_json(request, serialize_unknown=True))
+        if size > self.options.max_request_bytes:
+            limit = self.options.max_request_bytes
+            raise JobOperationError(
+                StartJobError.INVALID_REQUEST,
+                f"the request is {size:,} bytes; the limit is max_request_bytes = {limit:,}",
+            )
         await self._record_key()
         cls = import_type(job_type, self.options.allowed_type_prefixes)
         if not (isinstance(cls, type) and issubclass(cls, Job)):
