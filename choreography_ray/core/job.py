@@ -322,19 +322,32 @@ class JobCore:
     async def _adopt_stage(self, stage: int) -> list[StepStart]:
         """The stage's unfinished steps in storage: those still running on a live host become
         active here again instead of being started twice; returns the others."""
-        return await self._adopt(await stored_unfinished(self.storage, self.job_id, stage))
+        return await self._adopt(*await stored_unfinished(self.storage, self.job_id, stage))
 
-    async def _adopt(self, starts: list[StepStart]) -> list[StepStart]:
+    async def _adopt(self, starts: list[StepStart], stopped: set[str]) -> list[StepStart]:
+        """A stopped step runs again as its next attempt, so a stop report of the run it
+        replaces, delivered again, cannot pass for the new run's outcome."""
         host_of = await self.hosts.running(self.job_id)
         rest: list[StepStart] = []
         for start in starts:
             host = host_of.get(start.step_id)
-            if host is None:
-                rest.append(start)
-            else:
+            if host is not None:
                 self.window.active[start.step_id] = (start, host)
                 self._watch(host)
+            elif start.step_id in stopped:
+                rest.append(start._replace(attempt=start.attempt + 1))
+            else:
+                rest.append(start)
         return rest
+
+    async def _forget_stored_outcomes(self, stage: int) -> None:
+        """After a recount: active steps whose outcome storage holds are counted by it."""
+        for outcome in await lost_reports(
+            self.storage, self.job_id, stage, self._settleable(stage)
+        ):
+            entry = self.window.take(outcome.step_id, outcome.attempt)
+            if entry is not None and self._dedicated_type(entry[0].type):
+                self.hosts.release(entry[1])
 
     async def _stage_done(self, stage: int) -> None:
         if self._state.stage != stage or self._state.status is not JobStatus.RUNNING:
@@ -419,7 +432,7 @@ class JobCore:
         self._timers.due("retries")  # re-armed below for the next one
         due = self.retries.take_due()
         if due:
-            self.window.requeue(due)
+            self.window.retry(due)
         if self.retries.pending:
             self._timers.arm("retries", self.retries.next_due_in() or 0.0)
         await self._fill()
@@ -554,6 +567,11 @@ class JobCore:
                 log.info("job %s: host %s is gone: %s", self.job_id, host, error)
             async with self.turns.turn(f"host {host} gone"):
                 self._watched.discard(host)
+                # A step whose outcome the gone host stored counts that outcome.
+                stage = self._state.stage
+                on_host = {s.step_id for s in self.window.on_host(host)}
+                gone = {k: v for k, v in self._settleable(stage).items() if k in on_host}
+                await self._settle_stored(gone, stage)
                 lost = self.window.on_host(host)
                 if lost and not self.live:
                     # The steps of a stopped job on a gone host will never report their stop.
@@ -711,6 +729,7 @@ class JobCore:
         # stopped, and one still running counts when it reports.
         not_running = await self._adopt_stage(stage)
         self.stages.recount(await self.storage.count_by_status(self.job_id))
+        await self._forget_stored_outcomes(stage)
         for start in not_running:
             self.counting.count_stop(start.step_id)
         if stage in self.stages.counters:
@@ -786,7 +805,7 @@ class JobCore:
                 )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
         self.stages.recount(await self.storage.count_by_status(self.job_id))
-        unfinished = await stored_unfinished(self.storage, self.job_id, state.stage)
+        unfinished, stopped = await stored_unfinished(self.storage, self.job_id, state.stage)
         # A stop counted for a step that has since reached its outcome (a take-back lost with
         # an activation before it was saved) is taken back now.
         stored = {start.step_id for start in unfinished}
@@ -801,7 +820,8 @@ class JobCore:
         self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
         # their reports count, and a stop while the hook is owed reaches them.
-        await self._adopt(unfinished)
+        await self._adopt(unfinished, stopped)
+        await self._forget_stored_outcomes(state.stage)
         try:
             await self._set_status(JobStatus.RUNNING)
         except Exception:
@@ -950,11 +970,18 @@ class JobCore:
     async def _settle_lost_reports(self, stage: int) -> None:
         """Active steps whose outcome storage holds but whose report never arrived (steps whose
         start operation is unanswered have nothing stored yet, and wait)."""
-        active = {
+        await self._settle_stored(self._settleable(stage), stage)
+
+    def _settleable(self, stage: int) -> dict[str, tuple[StepStart, str]]:
+        """The stage's active steps that may have an outcome stored (a step whose start
+        operation is unanswered has nothing stored yet)."""
+        return {
             step_id: entry
             for step_id, entry in self.window.active.items()
             if entry[0].stage == stage and step_id not in self.window.starting
         }
+
+    async def _settle_stored(self, active: dict[str, tuple[StepStart, str]], stage: int) -> None:
         if not active:
             return
         for outcome in await lost_reports(self.storage, self.job_id, stage, active):

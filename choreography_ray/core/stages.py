@@ -162,15 +162,21 @@ def make_plan(specs: Sequence[StepSpec]) -> tuple[list[PlannedStep], dict[int, l
     return records, plan
 
 
-async def stored_unfinished(storage: Storage, job_id: str, stage: int) -> list[StepStart]:
-    """The stage's unfinished steps from storage, the ones that were running first."""
+async def stored_unfinished(
+    storage: Storage, job_id: str, stage: int
+) -> tuple[list[StepStart], set[str]]:
+    """The stage's unfinished steps from storage at their stored attempt, the ones that were
+    running first; and the ids of those stored STOPPED."""
     running: list[StepStart] = []
     others: list[StepStart] = []
+    stopped: set[str] = set()
     async for page in step_pages(storage, job_id, statuses=UNFINISHED_STEP, stage=stage):
         for s in page:
             start = StepStart(s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request))
             (running if s.status is StepStatus.RUNNING else others).append(start)
-    return running + others
+            if s.status is StepStatus.STOPPED:
+                stopped.add(s.step_id)
+    return running + others, stopped
 
 
 async def mark_unreachable(

@@ -25,12 +25,17 @@ def refuse_stop(state: JobState) -> None:
 
 
 def halt(window: Window, retries: RetrySchedule, stages: Stages, counting: Counting) -> None:
-    """Counts pending attempts as failed and never-started steps as stopped."""
+    """Counts pending attempts (waiting for their delay, or due and waiting to start) as
+    failed and never-started steps as stopped."""
+    retrying = set(window.retrying)
     for start in retries.drain():
         stages[start.stage].failed += 1
         counting.count_outcome(start.step_id)
     for start in window.never_started():
-        if counting.count_stop(start.step_id):
+        if start.step_id in retrying:
+            stages[start.stage].failed += 1
+            counting.count_outcome(start.step_id)
+        elif counting.count_stop(start.step_id):
             stages[start.stage].stopped += 1
 
 

@@ -30,6 +30,8 @@ class Window:
     start_failed: list[StepStart] = field(default_factory=list)
     #: Steps in start operations not yet answered.
     starting: set[str] = field(default_factory=set)
+    #: Pending steps that are a retry's next attempt (a stop counts them as failed).
+    retrying: set[str] = field(default_factory=set)
 
     def configure(self, configured: int | None) -> None:
         """The job type's `max_active_steps`, else the option; None is no window."""
@@ -55,6 +57,7 @@ class Window:
         for start in batch:
             self.active[start.step_id] = (start, host)
             self.starting.add(start.step_id)
+            self.retrying.discard(start.step_id)
 
     def answered(self, batch: list[StepStart], ok: bool) -> list[StepStart]:
         """A start operation came back; when it threw, its steps still active at the same
@@ -84,6 +87,11 @@ class Window:
         else:
             self.pending.extend(starts)
 
+    def retry(self, due: list[StepStart]) -> None:
+        """Due retries wait first in line."""
+        self.retrying.update(start.step_id for start in due)
+        self.requeue(due)
+
     def retry_failed_starts(self) -> bool:
         if not self.start_failed:
             return False
@@ -102,9 +110,11 @@ class Window:
         steps = [*self.pending, *self.start_failed]
         self.pending.clear()
         self.start_failed.clear()
+        self.retrying.clear()
         return steps
 
     def clear(self) -> None:
+        self.retrying.clear()
         self.pending.clear()
         self.active.clear()
         self.start_failed.clear()
