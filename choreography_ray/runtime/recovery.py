@@ -313,25 +313,34 @@ class RecoveryCore:
         for tenant in list(self.tenants.values()):
             if tenant.options.reconciliation_seconds is None:
                 continue
-            for key in await tenant.keys(self._retry):
-                jobs = [
-                    j
-                    for status in REHYDRATED_JOB
-                    for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)
-                    if not (j.status is JobStatus.STOPPED and j.stop_finalized)
-                ]
-                missing = [
-                    j
-                    for j in jobs
-                    if not await asyncio.to_thread(_actor_exists, job_name(j.id), self.namespace)
-                ]
-                if missing:
-                    orphaned += len(missing)
-                    try:
-                        await tenant.rehydrate(key)
-                    except Exception as error:
-                        log.warning("reconciling %s failed: %s", key, error)
-                        self._retry(f"manager {key}", functools.partial(tenant.rehydrate, key))
+            try:
+                orphaned += await self._reconcile_tenant(tenant)
+            except Exception as error:
+                # One storage that cannot be read (gone, unreachable) holds up no other.
+                log.warning("reconciling storage %s failed: %s", tenant.name, error)
+        return orphaned
+
+    async def _reconcile_tenant(self, tenant: Tenant) -> int:
+        orphaned = 0
+        for key in await tenant.keys(self._retry):
+            jobs = [
+                j
+                for status in REHYDRATED_JOB
+                for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)
+                if not (j.status is JobStatus.STOPPED and j.stop_finalized)
+            ]
+            missing = [
+                j
+                for j in jobs
+                if not await asyncio.to_thread(_actor_exists, job_name(j.id), self.namespace)
+            ]
+            if missing:
+                orphaned += len(missing)
+                try:
+                    await tenant.rehydrate(key)
+                except Exception as error:
+                    log.warning("reconciling %s failed: %s", key, error)
+                    self._retry(f"manager {key}", functools.partial(tenant.rehydrate, key))
         return orphaned
 
     def stats(self) -> dict[str, Any]:
