@@ -1035,9 +1035,24 @@ class JobCore:
         state changes only once the save succeeded."""
         state = self._state if change is None else self._state.with_status(change[0], *change[1])
         await self.counting.flush(self.storage, self.job_id)
-        self.state = await self.storage.save_job(
-            state.model_copy(update={"progress": self.stages.progress(), **update})
-        )
+        record = state.model_copy(update={"progress": self.stages.progress(), **update})
+        try:
+            self.state = await self.storage.save_job(record)
+        except ConcurrencyError:
+            # The record moved on without this activation seeing it: its own write whose
+            # acknowledgement was lost, or an older incarnation's. This activation's state
+            # wins, at the stored version.
+            stored = await self.storage.get_job(self.job_id)
+            if stored is None:
+                raise
+            log.warning(
+                "job %s: saving at version %d after a lost acknowledgement",
+                self.job_id,
+                stored.version,
+            )
+            self.state = await self.storage.save_job(
+                record.model_copy(update={"version": stored.version})
+            )
         self._dirty = False
 
     async def _save_progress(self) -> None:
@@ -1047,15 +1062,7 @@ class JobCore:
                 return
             if not (self._dirty or self.counting.unsaved):
                 return
-            try:
-                await self._save()
-            except ConcurrencyError:
-                # Another writer saved the record (a lost acknowledgement of ours, or an older
-                # incarnation): this activation's progress wins, at the stored version.
-                stored = await self.storage.get_job(self.job_id)
-                if stored is not None:
-                    self.state = state.model_copy(update={"version": stored.version})
-                raise
+            await self._save()
 
 
 def describe(error: BaseException) -> str:

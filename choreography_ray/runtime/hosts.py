@@ -125,12 +125,18 @@ class RayHosts:
 
 
 def activation_gone(activation: str) -> bool:
-    """The hosting actor is dead, or alive in another process (a restart lost its steps)."""
-    from ray.util.state import get_actor
+    """The hosting actor is dead, or alive in another process (a restart lost its steps).
+
+    Read from this cluster's GCS record of the actor: the public state API needs the dashboard,
+    and without an address it may reach another Ray instance on the machine."""
+    from ray._private import state
 
     actor_id, _, pid = activation.partition(":")
     try:
-        info = get_actor(actor_id)
-    except Exception:  # the state API is unavailable: do not declare anybody gone
+        info = state.actors(actor_id)
+    except Exception:  # the GCS cannot be read: do not declare anybody gone
         return False
-    return info is None or info.state == "DEAD" or (bool(pid) and str(info.pid) != pid)
+    if not info:
+        return True
+    alive_elsewhere = bool(pid) and str(info.get("Pid")) != pid
+    return info.get("State") == "DEAD" or (info.get("State") == "ALIVE" and alive_elsewhere)
