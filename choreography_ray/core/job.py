@@ -537,18 +537,19 @@ class JobCore:
         self.window.answered(batch, error is None)
         self._kick()
         if error is not None:
-            delay = self._timers.backoff("starts")
+            # One retry round for every start that failed meanwhile: the backoff grows by
+            # round, not by the number of batches that failed in it.
             log.warning(
-                "job %s: starting %d steps on %s failed (again in %.0f s): %s",
+                "job %s: starting %d steps on %s failed (started again soon): %s",
                 self.job_id,
                 len(batch),
                 host,
-                delay,
                 error,
             )
-            self._timers.arm("starts", delay)
+            self._timers.arm("starts")
             return
-        self._timers.clear("starts")
+        if not self.window.start_failed:
+            self._timers.clear("starts")
         self._watch(host)
         if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
             # The stop reached this host before these steps did: tell them again.

@@ -24,14 +24,14 @@ class Timers:
         if delay is None:
             if name in self._due:
                 return
-            delay = self.backoff(name)
+            delay = self._backoff(name)
         due = time.monotonic() + delay
         if self._due.get(name, due + 1) <= due:
             return
         self._due[name] = due
         asyncio.get_running_loop().call_later(delay, self._kick)
 
-    def backoff(self, name: str) -> float:
+    def _backoff(self, name: str) -> float:
         """The next delay of `name`'s backoff, counting this failure."""
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         return STANDARD.delay(failures)
