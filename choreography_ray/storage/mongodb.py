@@ -38,7 +38,9 @@ The client is made on first use: constructing a `MongoStorage` does no I/O.
 one, so on a failure those are deleted before the error is raised (a connection lost mid-batch can
 still leave a prefix; a retry then meets `DuplicateRecordError`). An unreachable server fails
 after `serverSelectionTimeoutMS` (5 s unless the URL sets it) with `StorageUnavailableError`
-naming the URL without its password.
+naming the URL without its password; so do credentials the server refuses (code 18) and a
+server whose authentication handshake the driver cannot follow (nx-27017 has no authentication:
+given credentials, pymongo fails with a KeyError inside its SCRAM conversation).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ DEFAULT_DATABASE = "choreography"
 #: Ids per `$in` delete: nx-27017 deletes 16x faster this way than with one `DeleteOne` per id.
 IDS_PER_DELETE = 1_000
 _DUPLICATE_KEY = 11000
+_AUTHENTICATION_FAILED = 18
 #: Each collection's indexes, as their ascending fields.
 _INDEXES = {
     "jobs": ["scope namespace status", "status stop_finalized"],
@@ -184,9 +187,25 @@ class MongoStorage:
     def _call(self, operation: Callable[[Database[Doc]], T]) -> T:
         where = f"MongoDB at {redact_url(self.url)}"
         try:
-            return operation(self._database())
+            try:
+                database = self._database()
+            except (mongo.PyMongoError, StorageError):
+                raise
+            except Exception as exc:
+                # The driver failing inside its own handshake (seen: a server without
+                # authentication answers saslStart without a payload, and pymongo raises
+                # KeyError): the database cannot be used, so it is unavailable, not a bug here.
+                raise StorageUnavailableError(
+                    f"{where} is unavailable: connecting failed with {type(exc).__name__}: {exc} "
+                    "(does the server support authentication, if the URL has credentials?)"
+                ) from exc
+            return operation(database)
         except (mongo.ConnectionFailure, mongo.ConfigurationError) as exc:
             raise StorageUnavailableError(f"{where} is unavailable: {exc}") from exc
+        except mongo.OperationFailure as exc:
+            if exc.code == _AUTHENTICATION_FAILED:
+                raise StorageUnavailableError(f"{where} refused the credentials: {exc}") from exc
+            raise StorageError(f"{where}: {exc}") from exc
         except mongo.PyMongoError as exc:
             raise StorageError(f"{where}: {exc}") from exc
 
