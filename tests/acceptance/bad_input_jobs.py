@@ -28,7 +28,7 @@ class StepOrder(BaseModel):
 class OrderedStep(cr.JobStep[StepOrder]):
     async def perform(self, request: StepOrder, context: cr.StepContext) -> cr.StepResult:
         trace(request.log, event="start", step=context.step_id, pid=os.getpid(),
-              attempt=context.attempt, at=time.time())  # fmt: skip
+              attempt=context.attempt, mode=request.mode, at=time.time())  # fmt: skip
         if request.mode == "until-stopped":
             await context.cancelled()
             trace(request.log, event="told", step=context.step_id, at=time.time())
