@@ -162,9 +162,9 @@ class JobCore:
         self.stages = Stages.from_progress(self.state.progress)
         try:
             job_type = import_type(self.state.type, self.options.allowed_type_prefixes)
-            job = job_type()
-            if not isinstance(job, Job):
+            if not issubclass(job_type, Job):  # checked before anything from storage is built
                 raise TypeError(f"{self.state.type} is not a choreography_ray.Job")
+            job = job_type()
         except Exception as error:
             message = f"cannot load job type {self.state.type!r}: {error}"
             log.error("job %s: %s", self.job_id, message)

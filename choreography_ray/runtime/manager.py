@@ -152,11 +152,11 @@ class ManagerCore:
             return resume_action(state, explicit=True, live=False) is Resume.NOTHING
         elif operation == "retry_failed_steps":
             try:
-                job = import_type(state.type, self.options.allowed_type_prefixes)()
+                job_type = import_type(state.type, self.options.allowed_type_prefixes)
             except Exception:  # the job actor reports a type it cannot load, as it always has
                 return False
-            if isinstance(job, Job):
-                check_retry_failed(job, Stages.from_progress(state.progress), state)
+            if issubclass(job_type, Job):  # checked before anything from storage is built
+                check_retry_failed(job_type(), Stages.from_progress(state.progress), state)
         # remove always goes to the actor: on a job being removed it runs the finish again.
         return False
 
