@@ -159,7 +159,9 @@ class Storage(Protocol):
         """A page of a job's steps ordered by step id, those after `after`."""
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
-        """Bulk status update, in one write. Steps that no longer exist are skipped."""
+        """Bulk status update, in one write. Steps that no longer exist, or whose stored attempt
+        is later than the update's, are skipped: an earlier attempt's outcome, written again
+        after a lost acknowledgement, never overwrites a later attempt's."""
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         """Sets each step's lease (and `updated`) where the step is still RUNNING at the

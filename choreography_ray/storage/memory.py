@@ -147,7 +147,7 @@ class MemoryStorage:
         for u in updates:
             steps = self.steps.get(u.job_id, {})
             step = steps.get(u.step_id)
-            if step is None:
+            if step is None or step.attempt > u.attempt:
                 continue
             changes = step.status_changes if u.change is None else (*step.status_changes, u.change)
             steps[u.step_id] = step.model_copy(

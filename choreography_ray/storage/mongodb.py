@@ -329,7 +329,8 @@ class MongoStorage:
             change: Doc = {"$set": {**fields, "updated": now}}
             if u.change is not None:
                 change["$push"] = {"status_changes": u.change.model_dump_json()}
-            writes.append(UpdateOne({"_id": step_key(u.job_id, u.step_id)}, change))
+            only = {"_id": step_key(u.job_id, u.step_id), "attempt": {"$lte": u.attempt}}
+            writes.append(UpdateOne(only, change))
         if writes:
             await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
 

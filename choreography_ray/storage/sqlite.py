@@ -161,7 +161,7 @@ _STEP_STATUSES = frozenset(StepStatus)
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END
-    WHERE job_id = ?6 AND step_id = ?7"""
+    WHERE job_id = ?6 AND step_id = ?7 AND attempt <= ?2"""
 _RENEW_LEASE = """UPDATE job_steps SET lease = ?1, updated = ?2
     WHERE job_id = ?3 AND step_id = ?4 AND status = ?5 AND attempt = ?6"""
 

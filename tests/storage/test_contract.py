@@ -283,6 +283,19 @@ async def test_update_steps__sets_status_appends_changes_and_sets_or_clears_leas
     assert untouched is not None and (untouched.status, untouched.status_changes) == (SCHEDULED, ())
 
 
+async def test_update_steps__an_earlier_attempts_outcome_never_overwrites_a_later_one(
+    storage: Storage,
+) -> None:
+    await storage.insert_steps([step("j1", "s1")])
+    await storage.update_steps([StepUpdate("j1", "s1", FAILED, 2)])
+    # Attempt 1's outcome, written again after its acknowledgement was lost.
+    await storage.update_steps([StepUpdate("j1", "s1", StepStatus.COMPLETED_WITH_FAILURE, 1)])
+    await storage.update_steps([StepUpdate("j1", "s1", FAILED, 2, change=None)])
+
+    stored = await storage.get_step("j1", "s1")
+    assert stored is not None and (stored.status, stored.attempt) == (FAILED, 2)
+
+
 async def test_renew_leases__renews_only_steps_still_running_at_the_attempt(
     storage: Storage,
 ) -> None:
