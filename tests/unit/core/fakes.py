@@ -1,0 +1,345 @@
+"""Fake step hosts for the core's unit tests: `Hosts` in-process, against the same storage.
+
+A real step host (`runtime/step_host.py`) stores RUNNING for a start batch, runs each `perform`,
+persists the outcome (a success deletes the step record) and only then reports it to the job.
+`FakeHosts` does the first part in `start` and leaves the rest to the test, which decides when
+each step ends and how its report travels:
+
+    await hosts.finish(step_id)                      persisted, then reported (the normal way)
+    await hosts.finish(step_id, FAILED, "why")       a failure, persisted as a real host would
+    await hosts.finish(step_id, deliver=0)           persisted, the report lost
+    await hosts.finish(step_id, deliver=2)           persisted, reported twice (a duplicate)
+    await hosts.finish(step_id, persist=False)       reported, never persisted
+
+Fault switches, all deliberate: `fail_starts` (the next start operations raise), `start_gate`
+(start operations wait for it, so a test sees them in flight), `kill(host)` (the host dies: its
+watch returns, its steps are gone from `running()`, storage keeps them RUNNING).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from choreography_ray.core.job import JobCore
+from choreography_ray.errors import StorageUnavailableError
+from choreography_ray.model import JobState, StatusChange, StepState
+from choreography_ray.runtime.messages import Outcome, StepStart
+from choreography_ray.status import StepStatus
+from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
+from choreography_ray.storage.memory import MemoryStorage
+
+SUCCESS = StepStatus.COMPLETED_SUCCESSFULLY
+FAILED = StepStatus.FAILED
+STOPPED = StepStatus.STOPPED
+
+
+@dataclass
+class Run:
+    """A step a host runs now."""
+
+    job_id: str
+    start: StepStart
+    host: str
+    #: The job told this step to stop.
+    cancelled: bool = False
+    #: The job is being removed: the step reports STOPPED and then deletes its record.
+    removing: bool = False
+
+
+class FakeHosts:
+    """`core.hosts.Hosts` in-process. `core` is the activation reports go to (the harness sets
+    it, and sets it again when it builds a new activation for the same job)."""
+
+    def __init__(self, storage: MemoryStorage, shared_hosts: int = 2) -> None:
+        self.storage = storage
+        self.core: JobCore | None = None
+        self.shared = [f"host-{i}" for i in range(shared_hosts)]
+        self._turn = 0
+        #: Every start operation, as (host, batch), in the order they were made.
+        self.calls: list[tuple[str, list[StepStart]]] = []
+        #: Every step a host stored RUNNING and ran, in order (a restart appears again).
+        self.started: list[StepStart] = []
+        #: What runs now, by (host, step id).
+        self.runs: dict[tuple[str, str], Run] = {}
+        #: Every cancel: (hosts, removing).
+        self.cancels: list[tuple[frozenset[str], bool]] = []
+        self.released: list[str] = []
+        #: Every report delivered to the job, with the error the job answered (None: accepted).
+        self.reports: list[tuple[list[Outcome], BaseException | None]] = []
+        #: Fault: the next this many start operations raise ConnectionError.
+        self.fail_starts = 0
+        #: When set, start operations wait for it before they store anything.
+        self.start_gate: asyncio.Event | None = None
+        #: Steps in start operations not answered yet, and the most ever at once.
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.dead: set[str] = set()
+        self._gone: dict[str, asyncio.Event] = {}
+
+    # -- the Hosts protocol -------------------------------------------------------------------
+
+    def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
+        if dedicated:
+            return f"step/{job_id}/{start.step_id}"
+        alive = [h for h in self.shared if h not in self.dead]
+        if not alive:
+            raise RuntimeError("no alive host")
+        host = alive[self._turn % len(alive)]
+        self._turn += 1
+        return host
+
+    async def start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
+        self.calls.append((host, list(batch)))
+        self.in_flight += len(batch)
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.start_gate is not None:
+                await self.start_gate.wait()
+            if host in self.dead:
+                raise ConnectionError(f"{host} is dead")
+            if self.fail_starts > 0:
+                self.fail_starts -= 1
+                raise ConnectionError(f"starting on {host} failed (fault injected on purpose)")
+            # As a real host: a step already running here is not started twice.
+            steps = [s for s in batch if (host, s.step_id) not in self.runs]
+            change = StatusChange(status=StepStatus.RUNNING)
+            await self.storage.update_steps(
+                [
+                    StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, None, change)
+                    for s in steps
+                ]
+            )
+            for step in steps:
+                self.runs[(host, step.step_id)] = Run(job_id, step, host)
+            self.started.extend(steps)
+        finally:
+            self.in_flight -= len(batch)
+
+    async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
+        self.cancels.append((frozenset(hosts), removing))
+        for run in self.runs.values():
+            if run.host in hosts and run.job_id == job_id:
+                run.cancelled = True
+                run.removing = run.removing or removing
+
+    async def running(self, job_id: str) -> dict[str, str]:
+        return {
+            step_id: host
+            for (host, step_id), run in self.runs.items()
+            if run.job_id == job_id and host not in self.dead
+        }
+
+    async def watch(self, host: str) -> None:
+        if host in self.dead:
+            return
+        await self._gone.setdefault(host, asyncio.Event()).wait()
+
+    def release(self, host: str) -> None:
+        self.released.append(host)
+
+    async def refresh(self) -> None:
+        return None
+
+    async def activation_gone(self, activation: str) -> bool:
+        return False
+
+    async def active_silos(self) -> set[str]:
+        return {"node-0"}
+
+    # -- what the test decides ----------------------------------------------------------------
+
+    def running_steps(self) -> list[Run]:
+        return [run for run in self.runs.values() if run.host not in self.dead]
+
+    def running_ids(self) -> set[str]:
+        return {run.start.step_id for run in self.running_steps()}
+
+    def kill(self, host: str, replace: bool = True) -> None:
+        """The host dies: its steps are gone (storage keeps them RUNNING); its watch returns.
+        A shared host is replaced by a new one (as a node's host is recreated)."""
+        self.dead.add(host)
+        if replace and host in self.shared:
+            self.shared.append(f"host-{len(self.shared)}")
+        for key in [key for key in self.runs if key[0] == host]:
+            del self.runs[key]
+        self._gone.setdefault(host, asyncio.Event()).set()
+
+    def _take(self, step_id: str, host: str | None) -> Run:
+        keys = [
+            key
+            for key in self.runs
+            if key[1] == step_id and key[0] not in self.dead and host in (None, key[0])
+        ]
+        assert keys, f"step {step_id} runs nowhere"
+        assert len(keys) == 1, f"step {step_id} runs on {len(keys)} hosts at once: {keys}"
+        return self.runs.pop(keys[0])
+
+    async def finish(
+        self,
+        step_id: str,
+        status: StepStatus = SUCCESS,
+        message: str | None = None,
+        *,
+        persist: bool = True,
+        deliver: int = 1,
+        host: str | None = None,
+    ) -> Outcome:
+        """The running step (on `host`, when it runs on several) ends with `status`: persisted
+        as a real host does (unless `persist=False`), then reported `deliver` times (0: the
+        report is lost)."""
+        run = self._take(step_id, host)
+        if run.removing:
+            status = STOPPED  # a step of a job being removed always reports its stop
+        outcome = Outcome(step_id, run.start.attempt, status, message)
+        if persist:
+            await self.persist(run.job_id, outcome)
+        for _ in range(deliver):
+            delivered = await self.report(outcome)
+            if delivered and run.removing and persist:
+                # The job stored its stop: a removed step deletes its own record.
+                await self.storage.delete_steps(run.job_id, [step_id])
+        return outcome
+
+    async def persist(self, job_id: str, outcome: Outcome) -> None:
+        if outcome.status is SUCCESS:
+            await self.storage.delete_steps(job_id, [outcome.step_id])
+            return
+        messages = () if outcome.message is None else (outcome.message,)
+        change = StatusChange(status=outcome.status, exception_messages=messages)
+        await self.storage.update_steps(
+            [StepUpdate(job_id, outcome.step_id, outcome.status, outcome.attempt, None, change)]
+        )
+
+    async def report(self, *outcomes: Outcome) -> bool:
+        """Delivers outcomes to the job; False (and the error recorded) when it refused them,
+        as a real host would learn from its delivery."""
+        assert self.core is not None, "no activation to report to"
+        try:
+            await self.core.report_outcomes(list(outcomes))
+        except Exception as error:
+            self.reports.append((list(outcomes), error))
+            return False
+        self.reports.append((list(outcomes), None))
+        return True
+
+    async def stop_cancelled(self) -> list[Outcome]:
+        """Every step told to stop honours it: STOPPED, persisted and reported."""
+        told = [run.start.step_id for run in self.running_steps() if run.cancelled]
+        return [await self.finish(step_id, STOPPED) for step_id in told]
+
+    async def finish_all(self, status: StepStatus = SUCCESS) -> list[Outcome]:
+        return [await self.finish(step_id, status) for step_id in sorted(self.running_ids())]
+
+
+class FaultyStorage(MemoryStorage):
+    """Memory storage with faults injected on purpose: `fail("save_job", 2)` makes the next two
+    `save_job` calls raise; `ack_lost("save_job")` makes the next one write and then raise (a
+    lost acknowledgement); `gate("save_job", event)` makes calls wait for the event first.
+    `calls` counts every call by method name."""
+
+    FAULTABLE = (
+        "save_job",
+        "update_steps",
+        "delete_steps",
+        "count_by_status",
+        "list_steps",
+        "add_counted",
+        "remove_counted",
+        "remove_job_steps",
+        "remove_job_counted",
+        "remove_job",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: dict[str, int] = {}
+        self.lost_acks: dict[str, int] = {}
+        self.gates: dict[str, asyncio.Event] = {}
+        self.calls: dict[str, int] = {}
+        self.error: type[Exception] = StorageUnavailableError
+
+    def fail(self, method: str, times: int = 1) -> None:
+        assert method in self.FAULTABLE
+        self.failures[method] = times
+
+    def ack_lost(self, method: str, times: int = 1) -> None:
+        assert method in self.FAULTABLE
+        self.lost_acks[method] = times
+
+    def gate(self, method: str, event: asyncio.Event) -> None:
+        self.gates[method] = event
+
+    async def _before(self, method: str) -> None:
+        self.calls[method] = self.calls.get(method, 0) + 1
+        gate = self.gates.get(method)
+        if gate is not None:
+            await gate.wait()
+        if self.failures.get(method, 0) > 0:
+            self.failures[method] -= 1
+            raise self.error(f"{method} failed (fault injected on purpose)")
+
+    def _after(self, method: str) -> None:
+        if self.lost_acks.get(method, 0) > 0:
+            self.lost_acks[method] -= 1
+            raise self.error(f"{method} wrote, then its answer was lost (fault injected)")
+
+    async def save_job(self, job: JobState) -> JobState:
+        await self._before("save_job")
+        saved = await super().save_job(job)
+        self._after("save_job")
+        return saved
+
+    async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
+        await self._before("update_steps")
+        await super().update_steps(updates)
+        self._after("update_steps")
+
+    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+        await self._before("delete_steps")
+        await super().delete_steps(job_id, step_ids)
+        self._after("delete_steps")
+
+    async def count_by_status(self, job_id: str) -> StatusCounts:
+        await self._before("count_by_status")
+        return await super().count_by_status(job_id)
+
+    async def list_steps(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StepState]:
+        await self._before("list_steps")
+        return await super().list_steps(
+            job_id, statuses=statuses, stage=stage, after=after, limit=limit
+        )
+
+    async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
+        await self._before("add_counted")
+        await super().add_counted(job_id, kind, step_ids)
+        self._after("add_counted")
+
+    async def remove_counted(self, job_id: str, kind: CountedKind, step_id: str) -> None:
+        await self._before("remove_counted")
+        await super().remove_counted(job_id, kind, step_id)
+        self._after("remove_counted")
+
+    async def remove_job_steps(self, job_id: str) -> None:
+        await self._before("remove_job_steps")
+        await super().remove_job_steps(job_id)
+        self._after("remove_job_steps")
+
+    async def remove_job_counted(self, job_id: str) -> None:
+        await self._before("remove_job_counted")
+        await super().remove_job_counted(job_id)
+        self._after("remove_job_counted")
+
+    async def remove_job(self, job_id: str) -> None:
+        await self._before("remove_job")
+        await super().remove_job(job_id)
+        self._after("remove_job")

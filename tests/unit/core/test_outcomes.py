@@ -1,0 +1,123 @@
+"""Outcomes: each counts once per (step, attempt); a dead host's steps start again; retries."""
+
+from __future__ import annotations
+
+import pytest
+
+from choreography_ray.status import JobStatus
+from tests.unit.core.conftest import Activations
+from tests.unit.core.fakes import FAILED, SUCCESS
+from tests.unit.core.jobs import Plan, StagedJob
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_outcome__a_duplicate_report_counts_once(activations: Activations) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[3]))
+        await h.c.start()
+        first = await h.hosts.finish("000000", deliver=2)
+        await h.hosts.finish("000001", FAILED, "boom", deliver=2)
+        await h.hosts.report(first, first)
+        assert h.c.stages[0].successful == 1
+        await h.hosts.finish("000002")
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_WITH_FAILURES
+        assert (stored.progress.successful_steps, stored.progress.failed_steps) == (2, 1)
+        assert h.calls["on_completed"] == 1
+
+    activations.run(scenario)
+
+
+def test_outcome__a_report_of_an_earlier_attempt_is_not_counted(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]), max_step_attempts=2)
+        await h.c.start()
+        failure = await h.hosts.finish("000000", FAILED, "attempt 1")
+        await h.settle()
+        assert [(s.step_id, s.attempt) for s in h.hosts.started] == [
+            ("000000", 1),
+            ("000000", 2),
+        ]
+        await h.hosts.report(failure)  # attempt 1's report again, late
+        assert h.c.stages[0].failed == 0
+        await h.hosts.finish("000000")
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert (stored.progress.successful_steps, stored.progress.failed_steps) == (1, 0)
+
+    activations.run(scenario)
+
+
+def test_outcome__attempts_run_out_and_the_failure_counts(activations: Activations) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]), max_step_attempts=2)
+        await h.c.start()
+        await h.hosts.finish("000000", FAILED, "attempt 1")
+        await h.settle()
+        await h.hosts.finish("000000", FAILED, "attempt 2")
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_WITH_FAILURES
+        assert stored.progress.failed_steps == 1
+        assert len(h.hosts.started) == 2
+
+    activations.run(scenario)
+
+
+def test_outcome__a_report_never_persisted_counts_once(activations: Activations) -> None:
+    """A report is trusted (a host persists before it reports): delivered without its write,
+    it counts, and once."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        await h.c.start()
+        await h.hosts.finish("000000", SUCCESS, persist=False, deliver=2)
+        await h.hosts.finish("000001")
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored.progress.successful_steps == 2
+
+    activations.run(scenario)
+
+
+def test_host__a_dead_hosts_steps_start_again_and_count_once(activations: Activations) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), step_batch_size=1)
+        await h.c.start()
+        await h.settle()
+        on_first = {r.start.step_id for r in h.hosts.running_steps() if r.host == "host-0"}
+        assert on_first
+        h.hosts.kill("host-0")
+        await h.settle()
+
+        assert on_first <= h.hosts.running_ids()
+        await h.hosts.finish_all()
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored.progress.successful_steps == 2
+
+    activations.run(scenario)
+
+
+def test_stop__a_pending_retry_counts_as_failed(activations: Activations) -> None:
+    async def scenario() -> None:
+        h = await activations.new(
+            StagedJob, Plan(sizes=[2]), max_step_attempts=2, step_retry_backoff=60
+        )
+        await h.c.start()
+        await h.hosts.finish("000000", FAILED, "attempt 1")
+        await h.c.stop()
+        await h.hosts.stop_cancelled()
+        await h.settle()
+        stored = await h.stored()
+        assert stored.stop_finalized
+        assert (stored.progress.failed_steps, stored.progress.stopped_steps) == (1, 1)
+
+    activations.run(scenario)
