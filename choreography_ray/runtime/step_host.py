@@ -128,6 +128,19 @@ class StepHostCore:
             await self._room.wait_for(
                 lambda: not self.running or len(self.running) + len(steps) <= self.capacity
             )
+            earlier = [
+                s.step_id
+                for s in steps
+                if (job_id, s.step_id) in self.running
+                and self.running[job_id, s.step_id][0].attempt != s.attempt
+            ]
+            if earlier:
+                # The job counted an earlier attempt from storage while this host still
+                # persists it: the new attempt must not pass for running here.
+                raise RuntimeError(
+                    f"steps {earlier[:5]} of job {job_id} still finish an earlier attempt on "
+                    "this host; start them again later"
+                )
             steps = [s for s in steps if (job_id, s.step_id) not in self.running]
             for step in steps:
                 key = (job_id, step.step_id)
