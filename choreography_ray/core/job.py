@@ -302,7 +302,9 @@ class JobCore:
         counter = self.stages[stage]
         counter.is_started = True
         self.state = self._state.model_copy(update={"stage": stage})
-        self._dirty = True
+        # Stored now: an activation lost before the next periodic save must find the stage
+        # the job had reached, or it would adopt (and stop) the steps of the one before.
+        await self._save()
         starts = self._plan.pop(stage, None)
         if starts is None:
             starts = await self._adopt_stage(stage)
@@ -715,6 +717,9 @@ class JobCore:
         self.live = False
         self.awaiting_admission = None
         self._stopped_hook_ran = False
+        if self.state is not None and self.stages.counters.get(self.state.stage):
+            # Steps a resume read and the resume hook has not started yet never started.
+            self.window.pending.extend(self._plan.pop(self.state.stage, []))
         stopping.halt(self.window, self.retries, self.stages, self.counting)
         self._dirty = True
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
@@ -821,7 +826,9 @@ class JobCore:
         self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
         # their reports count, and a stop while the hook is owed reaches them.
-        await self._adopt(unfinished, stopped)
+        # The others start once the resume hook succeeded; until then they are the stage's
+        # never-started steps (a stop counts them as stopped).
+        self._plan = {state.stage: await self._adopt(unfinished, stopped)}
         await self._forget_stored_outcomes(state.stage)
         try:
             await self._set_status(JobStatus.RUNNING)

@@ -265,14 +265,6 @@ def test_resume__a_duplicate_stop_report_of_the_earlier_execution_does_not_start
     activations.run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (found by the state machine): a stage change is stored only by the next "
-    "periodic save; an activation lost before it leaves the stored stage behind, and the new "
-    "activation's _resume adopts running steps of that stale stage only. Until the resume "
-    "hook succeeds, the later stage's running step is unknown: a stop is final at once and "
-    "never tells it to stop",
-)
 def test_recover__a_stage_change_not_saved_before_a_reactivation_still_stops_its_steps(
     activations: Activations,
 ) -> None:
@@ -298,13 +290,6 @@ def test_recover__a_stage_change_not_saved_before_a_reactivation_still_stops_its
     activations.run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (found by the state machine): while the resume hook is owed (it raised), "
-    "the stage's steps are not in the window (JobCore._resume clears it and only "
-    "_run_resume_hook's _begin_stage fills it), so a stop then counts no never-started step "
-    "as stopped: the stop is final with progress.is_stopped false",
-)
 def test_recover__a_stop_while_the_resume_hook_is_owed_counts_the_steps_never_started(
     activations: Activations,
 ) -> None:
@@ -327,13 +312,6 @@ def test_recover__a_stop_while_the_resume_hook_is_owed_counts_the_steps_never_st
     activations.run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (found by the state machine): while the resume hook is owed, a dead "
-    "host's steps are requeued into the window's pending steps; when the hook then succeeds, "
-    "JobCore._begin_stage appends the stage's stored unfinished steps to pending again "
-    "without looking at what is pending, so those steps start twice",
-)
 def test_recover__a_host_dying_while_the_resume_hook_is_owed_starts_its_steps_once(
     activations: Activations,
 ) -> None:
@@ -353,5 +331,39 @@ def test_recover__a_host_dying_while_the_resume_hook_is_owed_starts_its_steps_on
 
         assert starts_per_step(h) == {"000000": 2, "000001": 2, "000002": 1}
         assert len(h.hosts.running_steps()) == 3
+
+    activations.run(scenario)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core bug (found by the state machine): a step adopted by a resume that then "
+    "reports the earlier stop is requeued at the same attempt (JobCore._settle, STOPPED while "
+    "live: window.requeue([start])), so a duplicate of that STOPPED report matches the new "
+    "run's (step, attempt) and the step is requeued and started again: it runs twice",
+)
+def test_resume__a_duplicate_stop_report_of_an_adopted_step_does_not_start_it_twice(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]))
+        await h.c.start()
+        await h.c.stop()
+        await h.c.resume()  # the step still runs (told to stop): adopted
+        await h.settle()
+        assert starts_per_step(h) == {"000000": 1}
+        (stopped,) = await h.hosts.stop_cancelled()  # it honours the stop: started again
+        await h.settle()
+        assert starts_per_step(h) == {"000000": 2}
+
+        await h.hosts.report(stopped)  # the same report, delivered again
+        await h.settle()
+
+        assert len(h.hosts.running_steps()) == 1, "the step runs twice at once"
+        await h.hosts.finish_all()
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 0)
 
     activations.run(scenario)

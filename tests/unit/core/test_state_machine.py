@@ -66,6 +66,9 @@ HOOK_FAULTS = ("admit_stage", "on_before_resuming_job_steps", "on_completed", "o
 #: Known core bugs, each shown by a unit test named here, that `JobMachine` steps around so it
 #: can keep looking for others. `UnrestrictedJobMachine` steps around none.
 KNOWN_BUGS: dict[str, str] = {
+    # A STOPPED report of a step adopted by a resume, delivered twice, starts the step twice.
+    "requeued_stop_duplicate": "test_resume.py::test_resume__a_duplicate_stop_report_of_an_"
+    "adopted_step_does_not_start_it_twice",
     # A stage change not saved yet is lost with the activation; the next resumes a stale stage.
     "unsaved_stage_change": "test_resume.py::test_recover__a_stage_change_not_saved_before_a_"
     "reactivation_still_stops_its_steps",
@@ -235,6 +238,8 @@ class JobMachine(RuleBasedStateMachine):
 
     def finish(self, run: Run, status: StepStatus, deliver: int) -> None:
         hosts = self.harness.hosts
+        if deliver == 2 and status is STOPPED and self.stale_stop(status):
+            deliver = 1
         before = len(hosts.reports)
         message = None if status is SUCCESS else "failed on purpose"
         outcome = self.run(
@@ -246,15 +251,23 @@ class JobMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.removed and bool(self.delivered))
     @rule(data=st.data())
     def duplicate_report(self, data: st.DataObject) -> None:
-        self.report(data.draw(st.sampled_from(self.delivered))[1])
+        outcome = data.draw(st.sampled_from(self.delivered))[1]
+        if not self.stale_stop(outcome.status):
+            self.report(outcome)
 
     @precondition(lambda self: not self.removed and bool(self.lost))
     @rule(data=st.data())
     def late_report(self, data: st.DataObject) -> None:
         entry = data.draw(st.sampled_from(self.lost))
+        if self.stale_stop(entry[1].status):
+            return
         self.lost.remove(entry)
         self.delivered.append(entry)
         self.report(entry[1])
+
+    def stale_stop(self, status: StepStatus) -> bool:
+        """A STOPPED report delivered (again) now would meet bug "requeued_stop_duplicate"."""
+        return "requeued_stop_duplicate" in self.avoid and status is STOPPED and self.harness.c.live
 
     def report(self, outcome: Outcome) -> None:
         hosts = self.harness.hosts
@@ -510,8 +523,8 @@ class JobMachine(RuleBasedStateMachine):
 
 
 JobMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=30,
+    max_examples=200,
+    stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
