@@ -20,8 +20,8 @@ pytestmark = pytest.mark.timeout(PROFILES["ci"].deadline + 120)
 #: seeds below, CI makes 14 runs (55 restarts the cluster; 170 kills recovery, adds a node).
 CI_SEEDS = [2, 3, 4, 5, 7, 8, 10, 11, 55, 170]
 
-#: Seeds that found a bug in the runtime, with the bug. They stay here once fixed; until then
-#: they are expected to fail (not strictly: the fault's timing decides whether the bug shows).
+#: Seeds that found a bug in the runtime, with the bug (each fixed since; they stay here so that
+#: it stays fixed, though the fault's timing decides whether a bug would show in one run).
 REGRESSIONS: dict[int, str] = {
     0: "after storage_lost_ack (writes commit, then raise), a staged job stays RUNNING for good: "
     "two steps whose attempt 1 failed (of 2 allowed) are stored COMPLETED_WITH_FAILURE at "
@@ -68,13 +68,7 @@ def test_chaos_seed__every_invariant_holds(seed: int) -> None:
     assert result.ok, describe(result)
 
 
-@pytest.mark.parametrize(
-    "seed",
-    [
-        pytest.param(seed, marks=pytest.mark.xfail(strict=False, reason=reason))
-        for seed, reason in REGRESSIONS.items()
-    ],
-)
+@pytest.mark.parametrize("seed", REGRESSIONS)
 def test_chaos_regression__every_invariant_holds(seed: int) -> None:
     result = run_seed(seed, "ci")
     assert result.ok, describe(result)
@@ -122,13 +116,7 @@ def test_checker__a_step_counted_twice_is_a_violation() -> None:
 
 
 @pytest.mark.timeout(PROFILES["soak"].deadline + 120)
-@pytest.mark.parametrize(
-    "seed",
-    [
-        pytest.param(seed, marks=pytest.mark.xfail(strict=False, reason=reason))
-        for seed, reason in SOAK_REGRESSIONS.items()
-    ],
-)
+@pytest.mark.parametrize("seed", SOAK_REGRESSIONS)
 def test_chaos_soak_regression__every_invariant_holds(seed: int) -> None:
     result = run_seed(seed, "soak")
     assert result.ok, describe(result)
