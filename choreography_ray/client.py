@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 import ray
 from pydantic import BaseModel
 
-from choreography_ray.errors import ChoreographyError, JobTimeoutError, StartJobError
+from choreography_ray.errors import (
+    ChoreographyError,
+    JobsManagerConflictError,
+    JobsManagerUnavailableError,
+    JobTimeoutError,
+    StartJobError,
+)
 from choreography_ray.job import Job
 from choreography_ray.model import JobState, StepState
 from choreography_ray.options import JobsOptions
@@ -36,6 +42,10 @@ from choreography_ray.storage import redact_url
 from choreography_ray.types import type_path
 
 T = TypeVar("T")
+
+
+#: Seconds a client waits for a jobs manager that Ray is restarting before it gives up.
+MANAGER_RESTART_WAIT = 30.0
 
 
 def settled(state: JobState) -> bool:
@@ -62,15 +72,6 @@ def resolve_storage_url(url: str | None) -> str:
         path = Path(url[len(prefix) :]).expanduser()
         return f"{prefix}{path if path.is_absolute() else path.resolve()}"
     return url
-
-
-class JobsManagerConflictError(ChoreographyError, ValueError):
-    """The jobs manager of this (scope, namespace) runs with another storage or other options
-    than this connection's; `.fields` names what differs."""
-
-    def __init__(self, message: str, fields: builtins.list[str]) -> None:
-        super().__init__(message)
-        self.fields = fields
 
 
 def manager_conflict(
@@ -127,10 +128,33 @@ class AsyncJobsManager:
         self._expected = expected
 
     async def _call(self, method: str, *args: Any) -> Any:
-        """`method` on the manager actor, once the manager's settings are checked."""
-        if self._expected is not None:
-            self.check(await self._handle.config.remote())
-        return await getattr(self._handle, method).remote(*args)
+        """`method` on the manager actor, once the manager's settings are checked. A manager
+        that Ray is restarting is waited for, up to `MANAGER_RESTART_WAIT` seconds (but for
+        `start`, which may have run before its answer was lost); the spec's errors come out as
+        they were raised, and no Ray exception type leaks."""
+        deadline = time.monotonic() + MANAGER_RESTART_WAIT
+        delay = 0.1
+        while True:
+            try:
+                if self._expected is not None:
+                    self.check(await self._handle.config.remote())
+                return await getattr(self._handle, method).remote(*args)
+            except ray.exceptions.RayTaskError as error:
+                cause = error.cause
+                if isinstance(cause, ChoreographyError):
+                    raise cause from None
+                raise JobsManagerUnavailableError(
+                    f"{method} on jobs manager {self.scope}/{self.namespace} failed: {cause!r}"
+                ) from None
+            except ray.exceptions.RayError as error:
+                # The actor is restarting (or gone): its next incarnation answers.
+                if method == "start" or time.monotonic() >= deadline:
+                    raise JobsManagerUnavailableError(
+                        f"jobs manager {self.scope}/{self.namespace} did not answer {method}"
+                        f" within {MANAGER_RESTART_WAIT:g} s: {type(error).__name__}"
+                    ) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     def check(self, running: dict[str, str]) -> None:
         """Raises `JobsManagerConflictError` when `running` (the manager's config) is not this

@@ -8,6 +8,8 @@ One root, `ChoreographyError`::
     ├── InvalidRequestError        a request did not validate against the job's request type
     ├── TypeImportError            a job or step type stored by path cannot be imported
     ├── IllegalTransitionError     a job was asked to move between statuses the lifecycle forbids
+    ├── JobsManagerConflictError   a jobs manager runs with another storage or other options
+    ├── JobsManagerUnavailableError  the jobs manager could not be reached within the bound
     └── StorageError               anything the storage layer reports
         ├── StorageUnavailableError      the database cannot be reached (URL shown without password)
         ├── ConcurrencyError             a job save lost an optimistic-concurrency race
@@ -121,6 +123,23 @@ class TypeImportError(ChoreographyError, ImportError):
 
 class IllegalTransitionError(ChoreographyError):
     """A job status change the lifecycle does not allow."""
+
+
+class JobsManagerConflictError(ChoreographyError, ValueError):
+    """The jobs manager of this (scope, namespace) runs with another storage or other options
+    than this connection's; `.fields` names what differs."""
+
+    def __init__(self, message: str, fields: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or []
+
+    def __reduce__(self) -> tuple[type[JobsManagerConflictError], tuple[str, list[str]]]:
+        return JobsManagerConflictError, (str(self), self.fields)
+
+
+class JobsManagerUnavailableError(ChoreographyError):
+    """The jobs manager actor did not answer within the client's bound (it is restarting, or
+    its node is gone), or failed in a way that is not one of the spec's errors."""
 
 
 class StorageError(ChoreographyError):
