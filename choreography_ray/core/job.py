@@ -1047,12 +1047,11 @@ class JobCore:
         try:
             self.state = await self.storage.save_job(record)
         except ConcurrencyError:
-            # The record moved on without this activation seeing it: its own write whose
-            # acknowledgement was lost, or an older incarnation's. This activation's state
-            # wins, at the stored version.
+            # The record moved on by one version without this activation seeing it: its own
+            # last write, whose acknowledgement was lost. This activation's state wins.
             stored = await self.storage.get_job(self.job_id)
-            if stored is None:
-                raise
+            if stored is None or stored.version != record.version + 1:
+                raise  # not one write of ours whose answer was lost: someone else's
             log.warning(
                 "job %s: saving at version %d after a lost acknowledgement",
                 self.job_id,
