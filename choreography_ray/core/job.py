@@ -105,6 +105,8 @@ class JobCore:
         self._completed_hook_ran = False
         self._stopped_hook_ran = False
         self._removed = False
+        #: Saves in a row that failed without an answer: each may have been written.
+        self._unanswered_saves = 0
         self._first_stage_failed = 0
         self._wake = asyncio.Event()
         self._loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -1045,22 +1047,28 @@ class JobCore:
         await self.counting.flush(self.storage, self.job_id)
         record = state.model_copy(update={"progress": self.stages.progress(), **update})
         try:
-            self.state = await self.storage.save_job(record)
+            self.state = await self._save_job(record)
         except ConcurrencyError:
-            # The record moved on by one version without this activation seeing it: its own
-            # last write, whose acknowledgement was lost. This activation's state wins.
+            # The record moved on by as many versions as this activation's saves whose answer
+            # was lost (they may have been written): those were its own, and its state wins.
+            # Any other move is another writer's, and the save fails.
             stored = await self.storage.get_job(self.job_id)
-            if stored is None or stored.version != record.version + 1:
-                raise  # not one write of ours whose answer was lost: someone else's
-            log.warning(
-                "job %s: saving at version %d after a lost acknowledgement",
-                self.job_id,
-                stored.version,
-            )
-            self.state = await self.storage.save_job(
-                record.model_copy(update={"version": stored.version})
-            )
+            if stored is None or not 0 < stored.version - record.version <= self._unanswered_saves:
+                raise
+            log.warning("job %s: saving over its own unacknowledged save", self.job_id)
+            self.state = await self._save_job(record.model_copy(update={"version": stored.version}))
         self._dirty = False
+
+    async def _save_job(self, record: JobState) -> JobState:
+        try:
+            saved = await self.storage.save_job(record)
+        except ConcurrencyError:
+            raise
+        except Exception:
+            self._unanswered_saves += 1  # it may have been written all the same
+            raise
+        self._unanswered_saves = 0
+        return saved
 
     async def _save_progress(self) -> None:
         async with self.turns.turn("save progress"):

@@ -17,8 +17,8 @@ from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_see
 pytestmark = pytest.mark.timeout(PROFILES["ci"].deadline + 120)
 
 #: The seeds CI runs: one or two faults each, jobs of a few hundred steps. With the regression
-#: seeds below, CI makes 14 runs (55 restarts the cluster; 170 kills recovery, adds a node).
-CI_SEEDS = [2, 3, 4, 5, 7, 8, 10, 11, 55, 170]
+#: seeds below, CI makes 11 runs (55 restarts the cluster; 170 kills recovery, adds a node).
+CI_SEEDS = [2, 5, 7, 55, 170]
 
 #: Seeds that found a bug in the runtime, with the bug (each fixed since; they stay here so that
 #: it stays fixed, though the fault's timing decides whether a bug would show in one run).
