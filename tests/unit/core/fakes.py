@@ -19,11 +19,11 @@ watch returns, its steps are gone from `running()`, storage keeps them RUNNING).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from choreography_ray.core.job import JobCore
-from choreography_ray.errors import StorageUnavailableError
+from choreography_ray.errors import StorageError, StorageUnavailableError
 from choreography_ray.model import JobState, StatusChange, StepState
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import StepStatus
@@ -102,7 +102,16 @@ class FakeHosts:
             if self.fail_starts > 0:
                 self.fail_starts -= 1
                 raise ConnectionError(f"starting on {host} failed (fault injected on purpose)")
-            # As a real host: a step already running here is not started twice.
+            # As a real host: a step still running here at an earlier attempt is refused (the
+            # job starts it again later); one running here at this attempt is not started twice.
+            earlier = [
+                s.step_id
+                for s in batch
+                if (host, s.step_id) in self.runs
+                and self.runs[(host, s.step_id)].start.attempt != s.attempt
+            ]
+            if earlier:
+                raise RuntimeError(f"steps {earlier} still run an earlier attempt on {host}")
             steps = [s for s in batch if (host, s.step_id) not in self.runs]
             change = StatusChange(status=StepStatus.RUNNING)
             await self.storage.update_steps(
@@ -199,10 +208,23 @@ class FakeHosts:
             delivered = await self.report(outcome)
             if delivered and run.removing and persist:
                 # The job stored its stop: a removed step deletes its own record.
-                await self.storage.delete_steps(run.job_id, [step_id])
+                await self._retrying(lambda: self.storage.delete_steps(run.job_id, [step_id]))
         return outcome
 
     async def persist(self, job_id: str, outcome: Outcome) -> None:
+        """Writes the outcome as a real host does, trying again while storage fails."""
+        await self._retrying(lambda: self._persist(job_id, outcome))
+
+    async def _retrying(self, write: Callable[[], Awaitable[None]]) -> None:
+        for _ in range(100):
+            try:
+                await write()
+                return
+            except StorageError:
+                await asyncio.sleep(0)
+        raise AssertionError("storage never took a host's write")
+
+    async def _persist(self, job_id: str, outcome: Outcome) -> None:
         if outcome.status is SUCCESS:
             await self.storage.delete_steps(job_id, [outcome.step_id])
             return

@@ -19,6 +19,7 @@ a timer (start retry, admission, finish) is due at once and settling runs it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 from collections import Counter
 from types import ModuleType
@@ -36,12 +37,12 @@ from hypothesis.stateful import (
 )
 
 from choreography_ray.core.retries import Backoff
-from choreography_ray.errors import JobOperationError, StartJobError
+from choreography_ray.errors import JobOperationError, StartJobError, StorageError
 from choreography_ray.runtime.messages import Outcome
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind
 from tests.unit.core import jobs
-from tests.unit.core.fakes import FAILED, STOPPED, SUCCESS, Run
+from tests.unit.core.fakes import FAILED, STOPPED, SUCCESS, FaultyStorage, Run
 from tests.unit.core.harness import Harness, create, settle
 from tests.unit.core.jobs import ContinuingJob, Plan, RetryableJob, StagedJob
 
@@ -56,9 +57,24 @@ DELIVERIES = st.sampled_from([1, 2, 0])
 
 SETTLED_STOP = (JobStatus.STOPPED, True)
 
+#: Statuses a move to RUNNING from opens a new execution of the job.
+REOPENED = (JobStatus.STOPPED, JobStatus.FAILED, JobStatus.COMPLETED_WITH_FAILURES)
+
 #: Stored statuses of a step with no outcome yet (the module docstring's definition, kept here
 #: rather than read from the core under test).
 UNFINISHED = (StepStatus.SCHEDULED, StepStatus.RUNNING, StepStatus.STOPPED, StepStatus.REMOVING)
+
+#: Storage calls the storage-fault machine may make fail.
+STORAGE_FAULTS = (
+    "save_job",
+    "update_steps",
+    "delete_steps",
+    "count_by_status",
+    "list_steps",
+    "add_counted",
+    "remove_counted",
+    "remove_job_steps",
+)
 
 #: Hooks a job may be told to raise once (ConnectionError): each is retried, or fails the job.
 HOOK_FAULTS = ("admit_stage", "on_before_resuming_job_steps", "on_completed", "on_stopped")
@@ -66,18 +82,25 @@ HOOK_FAULTS = ("admit_stage", "on_before_resuming_job_steps", "on_completed", "o
 #: Known core bugs, each shown by a unit test named here, that `JobMachine` steps around so it
 #: can keep looking for others. `UnrestrictedJobMachine` steps around none.
 KNOWN_BUGS: dict[str, str] = {
-    # A STOPPED report of a step adopted by a resume, delivered twice, starts the step twice.
+    # A resume that fails on its read of the stage leaves the counters recounted, not rebased.
+    "failed_resume_counts": "test_resume.py::test_resume__a_failed_resume_of_a_stopping_job_"
+    "keeps_its_counts",
+    # A failed save of a stage change leaves the new stage started with none of its steps.
+    "failed_stage_change_save": "test_stages.py::test_stage_change__a_failed_save_of_the_new_"
+    "stage_still_starts_its_steps, test_stage_change__a_stop_after_a_failed_save_of_the_new_"
+    "stage_counts_its_steps",
+    # A status save whose answer is lost leaves the activation at the old status.
+    "lost_status_answer": "test_saving.py::test_save__a_lost_answer_of_the_removing_save_"
+    "still_finishes_the_removal",
+    # A storage error in a dead host's turn loses the host's steps: they stay active forever.
+    "dead_host_turn_storage_error": "test_outcomes.py::test_host__a_storage_error_while_"
+    "handling_a_dead_host_does_not_lose_its_steps",
+    # A reactivation whose recover fails (storage) is never recovered: the job stays RUNNING.
+    "failed_reactivation_recover": "test_resume.py::test_recover__a_reactivation_whose_"
+    "recover_fails_is_recovered_by_the_watchdog",
+    # A STOPPED report of a step adopted by a resume, delivered again, passes for the new run's.
     "requeued_stop_duplicate": "test_resume.py::test_resume__a_duplicate_stop_report_of_an_"
     "adopted_step_does_not_start_it_twice",
-    # A stage change not saved yet is lost with the activation; the next resumes a stale stage.
-    "unsaved_stage_change": "test_resume.py::test_recover__a_stage_change_not_saved_before_a_"
-    "reactivation_still_stops_its_steps",
-    # A stop while the resume hook is owed counts none of the stage's waiting steps stopped.
-    "stop_while_hook_owed": "test_resume.py::test_recover__a_stop_while_the_resume_hook_is_"
-    "owed_counts_the_steps_never_started",
-    # A host dying while the resume hook is owed: its steps start twice once the hook runs.
-    "host_dies_while_hook_owed": "test_resume.py::test_recover__a_host_dying_while_the_resume_"
-    "hook_is_owed_starts_its_steps_once",
 }
 
 
@@ -132,12 +155,16 @@ class JobMachine(RuleBasedStateMachine):
 
         return self.loop.run_until_complete(asyncio.wait_for(then_settle(), 30))
 
+    #: What an operation may raise besides the spec's refusals (storage faults may add some).
+    operation_errors: tuple[type[Exception], ...] = (JobOperationError,)
+
     def operate(self, coro: Any) -> Any:
         """An operation the job may refuse with one of the spec's errors."""
         try:
             return self.run(coro)
-        except JobOperationError as error:
-            self.errors[str(error.error)] += 1
+        except self.operation_errors as error:
+            code = error.error if isinstance(error, JobOperationError) else type(error).__name__
+            self.errors[str(code)] += 1
             return error
 
     @property
@@ -180,9 +207,9 @@ class JobMachine(RuleBasedStateMachine):
         job_type = RetryableJob if len(sizes) == 1 else ContinuingJob if continuing else StagedJob
         plan = Plan(sizes=sizes, missing=sorted(n for n in missing if n < sum(sizes)))
         self.h = self.loop.run_until_complete(
-            create(
-                job_type,
-                plan,
+            self.created(
+                job_type=job_type,
+                request=plan,
                 max_step_attempts=attempts,
                 max_active_steps_per_job=window,
                 step_batch_size=2,
@@ -202,6 +229,10 @@ class JobMachine(RuleBasedStateMachine):
                 StartJobError.FAILED_STARTING_SOME_JOB_STEPS,
             )
             assert error in failed, error
+
+    def created(self, **options: Any) -> Any:
+        """The coroutine that creates and activates the job (a subclass picks the storage)."""
+        return create(**options)
 
     # -- rules ----------------------------------------------------------------------------------
 
@@ -267,7 +298,7 @@ class JobMachine(RuleBasedStateMachine):
 
     def stale_stop(self, status: StepStatus) -> bool:
         """A STOPPED report delivered (again) now would meet bug "requeued_stop_duplicate"."""
-        return "requeued_stop_duplicate" in self.avoid and status is STOPPED and self.harness.c.live
+        return "requeued_stop_duplicate" in self.avoid and status is STOPPED
 
     def report(self, outcome: Outcome) -> None:
         hosts = self.harness.hosts
@@ -290,21 +321,14 @@ class JobMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.removed)
     @rule()
     def stop(self) -> None:
-        if "stop_while_hook_owed" in self.avoid and self.harness.c.hook_owed:
-            return
         before = self.harness.calls["on_stopped:ok"]
-        if not isinstance(self.operate(self.harness.c.stop()), JobOperationError):
+        if not isinstance(self.operate(self.harness.c.stop()), Exception):
             self.stopped_before = before
 
     @precondition(lambda self: not self.removed)
     @rule()
     def resume(self) -> None:
-        before = self.stored_status()
-        calls = self.harness.calls.copy()
-        outcome = self.operate(self.harness.c.resume())
-        reopened = before is not None and before[0] in (JobStatus.STOPPED, JobStatus.FAILED)
-        if reopened and not isinstance(outcome, JobOperationError):
-            self.new_execution(calls)
+        self.reopening(self.harness.c.resume())
 
     @precondition(lambda self: not self.removed)
     @rule()
@@ -316,8 +340,10 @@ class JobMachine(RuleBasedStateMachine):
     @rule()
     def reactivate(self) -> None:
         """The job actor is lost and comes back: a new activation recovers the job."""
-        if "unsaved_stage_change" in self.avoid:
-            self.operate(self.harness.save_progress())  # as the periodic save does first
+        storage = self.harness.storage
+        if "failed_reactivation_recover" in self.avoid and isinstance(storage, FaultyStorage):
+            storage.failures.clear()
+            storage.lost_acks.clear()
         self.run(self.harness.activate(reconstructed=True))
 
     @precondition(lambda self: not self.removed)
@@ -333,15 +359,12 @@ class JobMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.removed)
     @rule()
     def retry_failed_steps(self) -> None:
-        calls = self.harness.calls.copy()
-        outcome = self.operate(self.harness.c.retry_failed_steps())
-        if not isinstance(outcome, JobOperationError):
-            self.new_execution(calls)
+        self.reopening(self.harness.c.retry_failed_steps())
 
     @rule()
     def watchdog_tick(self) -> None:
         """(Also the one rule left once the job is removed: a tick then does nothing.)"""
-        self.run(self.harness.c.watchdog_tick())
+        self.operate(self.harness.c.watchdog_tick())
 
     @precondition(lambda self: not self.removed)
     @rule()
@@ -355,10 +378,33 @@ class JobMachine(RuleBasedStateMachine):
         used = sorted({r.host for r in hosts.running_steps()})
         if not used:
             return
-        if "host_dies_while_hook_owed" in self.avoid and self.harness.c.hook_owed:
-            return
+        storage = self.harness.storage
+        if "dead_host_turn_storage_error" in self.avoid and isinstance(storage, FaultyStorage):
+            storage.failures.clear()
+            storage.lost_acks.clear()
         hosts.kill(data.draw(st.sampled_from(used)))
         self.run(asyncio.sleep(0))
+
+    def reopening(self, operation: Any) -> None:
+        """Runs an operation that may open a new execution of the job: one did when the job's
+        stored history gained a move to RUNNING from STOPPED, FAILED or COMPLETED_WITH_FAILURES
+        (whatever the operation answered)."""
+        calls = self.harness.calls.copy()
+        before = self.reopenings()
+        self.operate(operation)
+        if self.reopenings() > before:
+            self.new_execution(calls)
+
+    def reopenings(self) -> int:
+        state = self.harness.storage.jobs.get(self.harness.job_id)
+        if state is None:
+            return 0
+        statuses = [change.status for change in state.status_changes]
+        return sum(
+            1
+            for old, new in itertools.pairwise(statuses)
+            if new == JobStatus.RUNNING and old in REOPENED
+        )
 
     def new_execution(self, calls_before: Counter[str]) -> None:
         """The operation that just returned opened a new execution of the job."""
@@ -468,9 +514,12 @@ class JobMachine(RuleBasedStateMachine):
         running = Counter(run.start.step_id for run in self.harness.hosts.running_steps())
         assert all(n == 1 for n in running.values()), f"steps running twice: {running}"
 
+    #: Whether a background task may fail (and be run again): only when storage fails.
+    tasks_may_fail = False
+
     @invariant()
     def no_background_task_failed(self) -> None:
-        if self.h is None:
+        if self.h is None or self.tasks_may_fail:
             return
         for core in self.harness.activations:
             assert core.tasks.failures == {}, core.tasks.failures
@@ -485,7 +534,9 @@ class JobMachine(RuleBasedStateMachine):
         if self.can_move():
             return
         before = self.snapshot()
-        self.run(self.harness.c.watchdog_tick())
+        for _ in range(3):  # a tick that met a storage fault runs again, as the watchdog does
+            if not isinstance(self.operate(self.harness.c.watchdog_tick()), StorageError):
+                break
         assert self.can_move() or self.snapshot() != before, (
             f"stuck: {self.stored_status()}, stored {self.stored_by_stage()}, "
             f"active {sorted(self.harness.c.window.active)}, "
@@ -529,6 +580,53 @@ JobMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestJobMachine = JobMachine.TestCase
+
+
+class StorageFaultsJobMachine(JobMachine):
+    """The same machine over a storage whose calls fail on purpose, one at a time: a rule picks
+    the next call to fail (or to write and lose its answer). Operations may then raise a
+    storage error, and the pump or the save may fail and run again; every invariant else
+    holds."""
+
+    operation_errors = (JobOperationError, StorageError)
+    tasks_may_fail = True
+
+    @initialize(
+        sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3).filter(lambda s: sum(s) <= 8),
+        attempts=st.integers(1, 2),
+        window=st.sampled_from([None, 1, 2]),
+        continuing=st.booleans(),
+        missing=st.sets(st.integers(0, 7), max_size=2),
+        first_start_fails=st.booleans(),
+        hooks_fail=st.sets(st.sampled_from(HOOK_FAULTS)),
+    )
+    def start_job(self, **arguments: Any) -> None:
+        self.storage = FaultyStorage()
+        super().start_job(**arguments)
+
+    def created(self, **options: Any) -> Any:
+        return create(storage=self.storage, **options)
+
+    @precondition(lambda self: not self.removed)
+    @rule(method=st.sampled_from(STORAGE_FAULTS), lost_answer=st.booleans())
+    def next_storage_call_fails(self, method: str, lost_answer: bool) -> None:
+        if method == "save_job" and self.avoid & {"lost_status_answer", "failed_stage_change_save"}:
+            return  # a job record's save that fails meets one of these known bugs
+        if method == "list_steps" and "failed_resume_counts" in self.avoid:
+            return
+        if lost_answer and method not in ("count_by_status", "list_steps"):
+            self.storage.ack_lost(method)
+        else:
+            self.storage.fail(method)
+
+
+StorageFaultsJobMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestStorageFaultsJobMachine = StorageFaultsJobMachine.TestCase
 
 
 class UnrestrictedJobMachine(JobMachine):
