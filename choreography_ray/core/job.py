@@ -19,7 +19,7 @@ import asyncio
 import inspect
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from choreography_ray.core import leases, resuming, stopping
@@ -152,10 +152,20 @@ class JobCore:
             self.tasks.repeat("watchdog", next_tick, self.watchdog_tick, STANDARD)
         if reconstructed:
             # A restarted actor carries on from storage: that is reactivation.
+            await self._until_done("recover on reactivation", self.recover)
+
+    async def _until_done(self, what: str, attempt: Callable[[], Awaitable[object]]) -> None:
+        """Runs `attempt` until it succeeds, logging each failure and backing off."""
+        failures = 0
+        while True:
             try:
-                await self.recover()
+                await attempt()
+                return
             except Exception:
-                log.exception("job %s: recovering on reactivation failed", self.job_id)
+                failures += 1
+                delay = STANDARD.delay(failures)
+                log.exception("job %s: %s failed; again in %.0f s", self.job_id, what, delay)
+                await asyncio.sleep(delay)
 
     async def _load(self) -> None:
         self.state = await self.storage.get_job(self.job_id)
@@ -565,18 +575,14 @@ class JobCore:
             return
         self._watched.add(host)
 
-        async def watch() -> None:
-            try:
-                await self.hosts.watch(host)
-            except Exception as error:
-                log.info("job %s: host %s is gone: %s", self.job_id, host, error)
+        async def gone() -> None:
             async with self.turns.turn(f"host {host} gone"):
                 self._watched.discard(host)
                 # A step whose outcome the gone host stored counts that outcome.
                 stage = self._state.stage
                 on_host = {s.step_id for s in self.window.on_host(host)}
-                gone = {k: v for k, v in self._settleable(stage).items() if k in on_host}
-                await self._settle_stored(gone, stage)
+                stored_of_host = {k: v for k, v in self._settleable(stage).items() if k in on_host}
+                await self._settle_stored(stored_of_host, stage)
                 lost = self.window.on_host(host)
                 if lost and not self.live:
                     # The steps of a stopped job on a gone host will never report their stop.
@@ -596,6 +602,13 @@ class JobCore:
                     # now, whatever Ray's state API can tell later.
                     self._lost_owner.update(start.step_id for start in lost)
                 await self.hosts.refresh()
+
+        async def watch() -> None:
+            try:
+                await self.hosts.watch(host)
+            except Exception as error:
+                log.info("job %s: host %s is gone: %s", self.job_id, host, error)
+            await self._until_done(f"handling the loss of host {host}", gone)
             self._kick()
 
         self.tasks.spawn(f"watch {host}", watch())

@@ -370,13 +370,6 @@ def test_resume__a_duplicate_stop_report_of_an_adopted_step_does_not_start_it_tw
     activations.run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (found by the storage-fault state machine): when the recover of a "
-    "reactivation fails (a storage error; JobCore.activate only logs it), the activation is "
-    "not live and nothing runs the recover again: JobCore._tick returns for a RUNNING job that "
-    "is not live, reports of its running steps are ignored, and the job stays RUNNING forever",
-)
 def test_recover__a_reactivation_whose_recover_fails_is_recovered_by_the_watchdog(
     activations: Activations,
 ) -> None:
