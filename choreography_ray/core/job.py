@@ -336,12 +336,16 @@ class JobCore:
     async def _adopt_stage(self, stage: int) -> list[StepStart]:
         """The stage's unfinished steps in storage: those still running on a live host become
         active here again instead of being started twice; returns the others."""
-        return await self._adopt(*await stored_unfinished(self.storage, self.job_id, stage))
+        # Hosts first, storage after: a step that finishes between the two reads is then either
+        # adopted and stored as finished (so left alone), never read running and found idle.
+        host_of = await self.hosts.running(self.job_id)
+        return self._adopt(*await stored_unfinished(self.storage, self.job_id, stage), host_of)
 
-    async def _adopt(self, starts: list[StepStart], stopped: set[str]) -> list[StepStart]:
+    def _adopt(
+        self, starts: list[StepStart], stopped: set[str], host_of: dict[str, str]
+    ) -> list[StepStart]:
         """A stopped step runs again as its next attempt, so a stop report of the run it
         replaces, delivered again, cannot pass for the new run's outcome."""
-        host_of = await self.hosts.running(self.job_id)
         rest: list[StepStart] = []
         for start in starts:
             host = host_of.get(start.step_id)
@@ -825,6 +829,7 @@ class JobCore:
                     JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
                 )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
+        host_of = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
         self.stages.recount(await self.storage.count_by_status(self.job_id))
         unfinished, stopped = await stored_unfinished(self.storage, self.job_id, state.stage)
         # A stop counted for a step that has since reached its outcome (a take-back lost with
@@ -843,7 +848,7 @@ class JobCore:
         # their reports count, and a stop while the hook is owed reaches them.
         # The others start once the resume hook succeeded; until then they are the stage's
         # never-started steps (a stop counts them as stopped).
-        self._plan = {state.stage: await self._adopt(unfinished, stopped)}
+        self._plan = {state.stage: self._adopt(unfinished, stopped, host_of)}
         await self._forget_stored_outcomes(state.stage)
         try:
             await self._set_status(JobStatus.RUNNING)
