@@ -15,7 +15,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
-from choreography_ray.client import JobsManagerConflictError
+from choreography_ray.errors import JobsManagerConflictError
 from tests.runtime.lifecycle_jobs import TRACES, Plan, Retryable, Traced, Work
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.support import RAY_NAMESPACE, eventually, left_behind, seed_job
