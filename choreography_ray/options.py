@@ -26,7 +26,7 @@ class JobsOptions(BaseModel):
 
     #: Steps of a job in start operations not yet answered by their step hosts: the load a
     #: burst of starts puts on storage and hosts (see docs/decisions.md for the default).
-    max_concurrent_step_starts: int = 4096
+    max_concurrent_step_starts: int = 16_384
     #: Steps running at once per job; None = no window. Values below 1 are treated as 1.
     max_active_steps_per_job: int | None = None
     #: Deliveries of one outcome before the step leaves it to the job's watchdog.

@@ -15,7 +15,7 @@ from choreography_ray.options import window_size
 @pytest.mark.parametrize(
     ("name", "default"),
     [
-        ("max_concurrent_step_starts", 4096),
+        ("max_concurrent_step_starts", 16_384),
         ("max_active_steps_per_job", None),
         ("step_delivery_max_attempts", 10),
         ("step_delivery_retry_delay", timedelta(seconds=1)),
