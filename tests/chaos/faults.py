@@ -259,8 +259,9 @@ def _host_for(world: ChaosCluster, job_id: str, pick: float) -> dict[str, Any] |
             handle = ray.get_actor(host["Name"], namespace=world.namespace)
             if ray.get(handle.running_steps.remote(job_id), timeout=5):
                 busy.append(host)
-        except Exception:
-            continue
+        except Exception as error:
+            # A host that cannot be asked (restarting, or gone) is not a busy one to kill.
+            logging.getLogger(__name__).info("host %s not asked: %s", host["Name"], error)
     choice = busy or hosts
     return choice[int(pick * len(choice)) % len(choice)]
 
