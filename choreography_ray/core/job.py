@@ -448,7 +448,7 @@ class JobCore:
         if self.state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
             return
         if self._timers.due("starts"):
-            self.window.retry_failed_starts()
+            await self._retry_failed_starts()
         if self._timers.due("admission") and self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)
         self._timers.due("retries")  # re-armed below for the next one
@@ -537,6 +537,7 @@ class JobCore:
     def _send(self, host: str, batch: list[StepStart]) -> asyncio.Future[bool]:
         """The start operation as a command: its answer comes back as a turn."""
         self.window.started(batch, host)
+        self._lost_owner.difference_update(start.step_id for start in batch)  # a new owner
         answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
         async def send() -> None:
@@ -576,6 +577,35 @@ class JobCore:
         if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
             # The stop reached this host before these steps did: tell them again.
             await self.hosts.cancel([host], self.job_id, self._state.status is JobStatus.REMOVING)
+
+    async def _retry_failed_starts(self) -> None:
+        """Start operations that threw may have run on their host all the same (Ray: "the task
+        may or may not have been executed"): a step a host runs now is adopted, one whose
+        outcome storage holds counts it, and only the others start again."""
+        failed = {start.step_id: (start, "") for start in self.window.start_failed}
+        if not failed:
+            return
+        host_of = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
+        unsure = {k: v for k, v in failed.items() if k not in host_of}
+        outcomes = [
+            outcome
+            for stage in {start.stage for start, _ in unsure.values()}
+            for outcome in await lost_reports(
+                self.storage,
+                self.job_id,
+                stage,
+                {k: v for k, v in unsure.items() if v[0].stage == stage},
+            )
+        ]
+        self.window.start_failed.clear()
+        for step_id, host in host_of.items():
+            if step_id in failed:
+                self.window.active[step_id] = (failed.pop(step_id)[0], host)
+                self._watch(host)
+        for outcome in outcomes:
+            self.window.active[outcome.step_id] = failed.pop(outcome.step_id)
+            self.accept(outcome)
+        self.window.requeue(start for start, _ in failed.values())
 
     def _watch(self, host: str) -> None:
         """Learns that a host died from its watch call ending."""
@@ -980,17 +1010,18 @@ class JobCore:
             await self._stage_done(stage)
             return
         await self._settle_lost_reports(stage)
-        self.window.retry_failed_starts()
+        await self._retry_failed_starts()
         lease = self.options.lease_seconds
         if lease is not None:
             silos = await self.hosts.active_silos()
+            # A step whose start is unanswered has, in storage, the record of its last run.
             stale = await leases.expired(
                 self.storage,
                 self.hosts,
                 silos,
                 self.job_id,
                 stage,
-                self.window.active,
+                self._settleable(stage),
                 lease,
                 self._lost_owner,
             )

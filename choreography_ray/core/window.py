@@ -92,13 +92,6 @@ class Window:
         self.retrying.update(start.step_id for start in due)
         self.requeue(due)
 
-    def retry_failed_starts(self) -> bool:
-        if not self.start_failed:
-            return False
-        self.requeue(self.start_failed)
-        self.start_failed.clear()
-        return True
-
     def on_host(self, host: str) -> list[StepStart]:
         return [start for start, h in self.active.values() if h == host]
 

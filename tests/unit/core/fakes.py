@@ -11,7 +11,8 @@ each step ends and how its report travels:
     await hosts.finish(step_id, deliver=2)           persisted, reported twice (a duplicate)
     await hosts.finish(step_id, persist=False)       reported, never persisted
 
-Fault switches, all deliberate: `fail_starts` (the next start operations raise), `start_gate`
+Fault switches, all deliberate: `fail_starts` (the next start operations raise),
+`lose_start_answers` (the next start operations start their steps, then raise), `start_gate`
 (start operations wait for it, so a test sees them in flight), `kill(host)` (the host dies: its
 watch returns, its steps are gone from `running()`, storage keeps them RUNNING).
 """
@@ -70,6 +71,9 @@ class FakeHosts:
         self.reports: list[tuple[list[Outcome], BaseException | None]] = []
         #: Fault: the next this many start operations raise ConnectionError.
         self.fail_starts = 0
+        #: Fault: the next this many start operations start their steps, then raise (Ray: "the
+        #: task may or may not have been executed on the actor").
+        self.lose_start_answers = 0
         #: When set, start operations wait for it before they store anything.
         self.start_gate: asyncio.Event | None = None
         #: Steps in start operations not answered yet, and the most ever at once.
@@ -123,6 +127,9 @@ class FakeHosts:
             for step in steps:
                 self.runs[(host, step.step_id)] = Run(job_id, step, host)
             self.started.extend(steps)
+            if self.lose_start_answers > 0:
+                self.lose_start_answers -= 1
+                raise ConnectionError(f"{host} restarted: the start may or may not have run")
         finally:
             self.in_flight -= len(batch)
 

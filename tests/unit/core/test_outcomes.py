@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from choreography_ray.status import JobStatus
@@ -139,6 +141,36 @@ def test_host__a_storage_error_while_handling_a_dead_host_does_not_lose_its_step
 
         await eventually(lambda: h.hosts.running_ids() == {"000000"}, within=2.0)
         await h.hosts.finish("000000")
+        await h.settle()
+        assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
+
+    activations.run(scenario)
+
+
+def test_leases__a_step_whose_restart_is_in_flight_is_not_restarted_again(
+    activations: Activations,
+) -> None:
+    """Chaos seeds ci 9 and soak 103: after its host died, a step's lease expired and it was
+    started again; a watchdog tick while that start was in flight read the earlier run's record
+    (its lease expired, its owner gone) and started it a second time, so it ran twice."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]), step_lease_timeout=0.2)
+        await h.c.start()
+        h.hosts.kill("host-0")
+        await h.settle()
+        await asyncio.sleep(0.3)  # the lease of the dead host's step expires
+        gate = h.hosts.start_gate = asyncio.Event()
+        await h.c.watchdog_tick()  # restarts it: the start waits at the gate
+        await h.settle()
+        await h.c.watchdog_tick()  # the record is still the dead run's
+        await h.settle()
+        gate.set()
+        await h.settle()
+
+        assert len(h.hosts.calls) == 2, "one start, one restart"
+        assert len(h.hosts.running_steps()) == 1
+        await h.hosts.finish_all()
         await h.settle()
         assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
 

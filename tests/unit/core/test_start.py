@@ -9,7 +9,7 @@ import pytest
 
 from choreography_ray.errors import StartJobError
 from choreography_ray.status import JobStatus, StepStatus
-from tests.unit.core.conftest import Activations
+from tests.unit.core.conftest import FAST, Activations
 from tests.unit.core.fakes import FAILED
 from tests.unit.core.harness import eventually
 from tests.unit.core.jobs import ContinuingJob, Plan, StagedJob
@@ -235,6 +235,36 @@ def test_start__a_start_operation_that_throws_is_all_and_started_again(
         await h.hosts.finish_all()
         await h.settle()
         assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
+
+    activations.run(scenario)
+
+
+def test_start__a_start_that_ran_though_it_threw_is_adopted_not_started_twice(
+    activations: Activations, fast_backoff: object
+) -> None:
+    """Chaos seed ci 9: a start operation to a host Ray was restarting threw ("may or may not
+    have been executed") after the host had started the steps; its retry started them again
+    beside the first run. Before a retry the job asks the hosts and storage."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[3]))
+        h.hosts.lose_start_answers = 1  # the steps start, the answer is lost, on purpose
+
+        assert await h.c.start() is StartJobError.FAILED_STARTING_ALL_JOB_STEPS
+        # One ends (stored and reported) while the job counts its start as failed; one ends
+        # with its report lost; one still runs when the job looks.
+        await h.hosts.finish("000000")
+        await h.hosts.finish("000001", deliver=0)
+        await asyncio.sleep(4 * FAST.longest)
+        await h.settle()
+
+        assert len(h.hosts.started) == 3, "a step started twice"
+        assert h.hosts.running_ids() == {"000002"}
+        await h.hosts.finish("000002")
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored.progress.successful_steps == 3
 
     activations.run(scenario)
 

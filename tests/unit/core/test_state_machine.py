@@ -331,6 +331,12 @@ class JobMachine(RuleBasedStateMachine):
         self.harness.hosts.fail_starts += 1
 
     @precondition(lambda self: not self.removed)
+    @rule()
+    def next_start_answer_is_lost(self) -> None:
+        """The host starts the steps and the job is told the operation failed."""
+        self.harness.hosts.lose_start_answers += 1
+
+    @precondition(lambda self: not self.removed)
     @rule(data=st.data())
     def host_dies(self, data: st.DataObject) -> None:
         hosts = self.harness.hosts
