@@ -179,6 +179,15 @@ class SqliteSchedulerStorage:
         await self._ready()
         return [(str(k), str(d)) for k, d in await self.storage._query(sql, *args)]
 
+    async def _find(
+        self, model: type[_M], table: str, order: str = "id", limit: int = -1, **equal: object
+    ) -> list[_M]:
+        """The records whose columns equal `equal` (None values are left out of the filter)."""
+        given = {column: value for column, value in equal.items() if value is not None}
+        where = " AND ".join(f"{column} = ?" for column in given) or "1"
+        sql = f"SELECT id, doc FROM {table} WHERE {where} ORDER BY {order} LIMIT ?"
+        return self._parsed(model, table, await self._docs(sql, *given.values(), limit))
+
     async def now(self) -> datetime:
         return await self._transact(_db_now)
 
@@ -322,56 +331,41 @@ class SqliteSchedulerStorage:
         return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change)) is not None
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:
-        rows = await self._docs("SELECT id, doc FROM work_queue WHERE id = ?", entry_id)
-        return next(iter(self._parsed(WorkEntry, "work_queue", rows)), None)
+        return next(iter(await self._find(WorkEntry, "work_queue", id=entry_id)), None)
 
     async def queued_entries(self, scope: str, manifest: str | None = None) -> list[WorkEntry]:
-        sql = "SELECT id, doc FROM work_queue WHERE scope = ? AND status = ?"
-        args: list[object] = [scope, _QUEUED]
-        if manifest is not None:
-            sql, args = f"{sql} AND manifest = ?", [*args, manifest]
-        rows = await self._docs(f"{sql} ORDER BY created_at, id", *args)
-        return self._parsed(WorkEntry, "work_queue", rows)
+        return await self._find(WorkEntry, "work_queue", "created_at, id", scope=scope,
+                                status=_QUEUED, manifest=manifest)  # fmt: skip
 
     # runs
     async def save_run(self, run: ManifestRun) -> None:
         await self._transact(lambda c: _save_run(c, run))
 
     async def get_run(self, run_id: str) -> ManifestRun | None:
-        rows = await self._docs("SELECT id, doc FROM runs WHERE id = ?", run_id)
-        return next(iter(self._parsed(ManifestRun, "runs", rows)), None)
+        return next(iter(await self._find(ManifestRun, "runs", id=run_id)), None)
 
     async def list_runs(
         self, scope: str, manifest: str | None = None, limit: int = 100
     ) -> list[ManifestRun]:
-        sql, args = "SELECT id, doc FROM runs WHERE scope = ?", [scope]
-        if manifest is not None:
-            sql, args = f"{sql} AND manifest = ?", [*args, manifest]
-        rows = await self._docs(f"{sql} ORDER BY queued_at DESC, id DESC LIMIT ?", *args, limit)
-        return self._parsed(ManifestRun, "runs", rows)
+        order = "queued_at DESC, id DESC"
+        return await self._find(ManifestRun, "runs", order, limit, scope=scope, manifest=manifest)
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
-        rows = await self._docs("SELECT id, doc FROM runs WHERE replays = ?", run_id)
-        return self._parsed(ManifestRun, "runs", rows)
+        return await self._find(ManifestRun, "runs", replays=run_id)
 
     # dead letters
     async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
         await self._transact(lambda c: _save_dead_letter(c, dead_letter))
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
-        rows = await self._docs("SELECT id, doc FROM dead_letters WHERE id = ?", dead_letter_id)
-        return next(iter(self._parsed(DeadLetter, "dead_letters", rows)), None)
+        return next(iter(await self._find(DeadLetter, "dead_letters", id=dead_letter_id)), None)
 
     async def list_dead_letters(
         self, scope: str, manifest: str | None = None, status: DeadLetterStatus | None = None
     ) -> list[DeadLetter]:
-        sql, args = "SELECT id, doc FROM dead_letters WHERE scope = ?", [scope]
-        if manifest is not None:
-            sql, args = f"{sql} AND manifest = ?", [*args, manifest]
-        if status is not None:
-            sql, args = f"{sql} AND status = ?", [*args, status.value]
-        rows = await self._docs(f"{sql} ORDER BY dead_lettered_at DESC, id", *args)
-        return self._parsed(DeadLetter, "dead_letters", rows)
+        return await self._find(DeadLetter, "dead_letters", "dead_lettered_at DESC, id",
+                                scope=scope, manifest=manifest,
+                                status=None if status is None else status.value)  # fmt: skip
 
     async def resolve_dead_letter(
         self, dead_letter_id: str, status: DeadLetterStatus, note: str | None = None
