@@ -43,11 +43,20 @@ def type_path(cls: type) -> str:
 
 def import_type(path: str, allowed_prefixes: Sequence[str] | None = None) -> type:
     """The class `path` names; `TypeImportError` naming the path when it cannot be had."""
-    if allowed_prefixes is not None and not any(path.startswith(p) for p in allowed_prefixes):
+    if allowed_prefixes is not None and not any(is_under(path, p) for p in allowed_prefixes):
         raise TypeImportError(
             f"type {path!r} is not under the allowed prefixes {list(allowed_prefixes)}"
         )
     return _import(path)
+
+
+def is_under(path: str, prefix: str) -> bool:
+    """Whether `path` is under `prefix` at a name boundary: `"myapp"` admits `"myapp:Job"` and
+    `"myapp.jobs:Job"`, not `"myapp_tools:Job"`; a prefix ending in `.` or `:` is taken as is."""
+    if not path.startswith(prefix):
+        return False
+    rest = path[len(prefix) :]
+    return not rest or prefix.endswith((".", ":")) or rest.startswith((".", ":"))
 
 
 @lru_cache(maxsize=1024)

@@ -25,14 +25,9 @@ class Counting:
         self.records = False
         self.counted: set[str] = set()
         self.stopped: set[str] = set()
-        self._new: dict[CountedKind, list[str]] = {
-            CountedKind.COMPLETED: [],
-            CountedKind.STOPPED: [],
-        }
-        self._removed: dict[CountedKind, set[str]] = {
-            CountedKind.COMPLETED: set(),
-            CountedKind.STOPPED: set(),
-        }
+        #: Buffered until the next save: new records (ordered) and take-backs, by kind.
+        self._new: dict[CountedKind, dict[str, None]] = {kind: {} for kind in CountedKind}
+        self._removed: dict[CountedKind, set[str]] = {kind: set() for kind in CountedKind}
 
     @property
     def unsaved(self) -> bool:
@@ -80,23 +75,23 @@ class Counting:
 
     def _add(self, kind: CountedKind, step_id: str) -> None:
         self._removed[kind].discard(step_id)
-        self._new[kind].append(step_id)
+        self._new[kind][step_id] = None
 
     def _remove(self, kind: CountedKind, step_id: str) -> None:
+        self._new[kind].pop(step_id, None)
         self._removed[kind].add(step_id)
 
     async def flush(self, storage: Storage, job_id: str) -> None:
-        """Writes the buffered records and take-backs; on failure they stay buffered."""
+        """Writes the buffered take-backs of every kind, then the new records, so no step is
+        stored as counted both ways (a stop taken back for its outcome); what was not written
+        stays buffered (adding a record is idempotent)."""
         for kind in CountedKind:
-            new, self._new[kind] = self._new[kind], []
-            removed, self._removed[kind] = self._removed[kind], set()
-            try:
-                for step_id in removed:
-                    await storage.remove_counted(job_id, kind, step_id)
-                added = [s for s in new if s not in removed]
-                if added:
-                    await storage.add_counted(job_id, kind, added)
-            except Exception:
-                self._new[kind][:0] = new
-                self._removed[kind] |= removed
-                raise
+            removed = self._removed[kind]
+            for step_id in sorted(removed):
+                await storage.remove_counted(job_id, kind, step_id)
+                removed.discard(step_id)
+        for kind in CountedKind:
+            new = self._new[kind]
+            if new:
+                await storage.add_counted(job_id, kind, list(new))
+                new.clear()

@@ -312,11 +312,15 @@ class JobCore:
         self.awaiting_admission = None
         self._timers.clear("admission")
         counter = self.stages[stage]
-        counter.is_started = True
-        self.state = self._state.model_copy(update={"stage": stage})
         # Stored now: an activation lost before the next periodic save must find the stage
-        # the job had reached, or it would adopt (and stop) the steps of the one before.
-        await self._save()
+        # the job had reached, or it would adopt (and stop) the steps of the one before. A
+        # failed save leaves the stage unstarted, so the pump's retry begins it again.
+        was_started, counter.is_started = counter.is_started, True
+        try:
+            await self._save(stage=stage)
+        except Exception:
+            counter.is_started = was_started
+            raise
         starts = self._plan.pop(stage, None)
         if starts is None:
             starts = await self._adopt_stage(stage)
@@ -682,8 +686,9 @@ class JobCore:
                 counter.stopped += 1
             if self.live:
                 # Stopped though the job runs (a stop of an earlier execution reached it after
-                # a resume): it counts as stopped until it runs again, now.
-                self.window.requeue([start], front=False)
+                # a resume): it counts as stopped until it runs again, now, as its next
+                # attempt, so the same report delivered again cannot pass for the new run's.
+                self.window.requeue([start._replace(attempt=start.attempt + 1)], front=False)
             return True
         if self.counting.is_counted(step_id):
             return False
@@ -829,9 +834,11 @@ class JobCore:
                     JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
                 )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
+        # Every read before the first change: a failed read leaves the activation as it was.
         host_of = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
-        self.stages.recount(await self.storage.count_by_status(self.job_id))
+        counts = await self.storage.count_by_status(self.job_id)
         unfinished, stopped = await stored_unfinished(self.storage, self.job_id, state.stage)
+        self.stages.recount(counts)
         # A stop counted for a step that has since reached its outcome (a take-back lost with
         # an activation before it was saved) is taken back now.
         stored = {start.step_id for start in unfinished}
@@ -873,7 +880,6 @@ class JobCore:
         stage = self._state.stage
         if stage not in self.stages.counters:
             stage = self.stages.first()
-        self.stages[stage].is_started = False
         await self._begin_stage(stage)
         self._kick()
 
@@ -939,9 +945,11 @@ class JobCore:
 
     async def _tick(self) -> None:
         self.ticks += 1
-        state = self.state
-        if state is None:
+        if self.state is None:
             return
+        if self._unanswered_saves:
+            await self._reconcile()
+        state = self._state
         if state.status.is_preparing and state.has_plan and not self.live:
             # Startup was interrupted after its plan was stored: it finishes through resume.
             await self._resume(explicit=False)
@@ -1083,10 +1091,39 @@ class JobCore:
         except ConcurrencyError:
             raise
         except Exception:
-            self._unanswered_saves += 1  # it may have been written all the same
-            raise
+            written = await self._written_anyway(record)
+            if written is None:
+                self._unanswered_saves += 1  # it may have been written all the same
+                raise
+            saved = written
         self._unanswered_saves = 0
         return saved
+
+    async def _written_anyway(self, record: JobState) -> JobState | None:
+        """The stored record, when a save that failed without an answer was written after all
+        (read back once); None when that cannot be known now."""
+        try:
+            stored = await self.storage.get_job(self.job_id)
+        except Exception:
+            return None
+        if stored is None or stored.version != record.version + 1 or _gist(stored) != _gist(record):
+            return None
+        log.warning("job %s: a save whose answer was lost was written", self.job_id)
+        return stored
+
+    async def _reconcile(self) -> None:
+        """After saves whose answer was lost: a stop or removal storage holds though its caller
+        got an error (it was this activation's own write) is carried out, as storage says."""
+        stored = await self.storage.get_job(self.job_id)
+        state = self._state
+        if stored is None or not 0 < stored.version - state.version <= self._unanswered_saves:
+            return
+        self._unanswered_saves = 0
+        if stored.status is state.status or not stopping.stop_owed(stored):
+            return  # the next save writes this activation's state over it
+        log.warning("job %s: its %s was stored after all", self.job_id, stored.status)
+        self.state = stored
+        await self._halt_and_tell(removing=stored.status is JobStatus.REMOVING)
 
     async def _save_progress(self) -> None:
         async with self.turns.turn("save progress"):
@@ -1096,6 +1133,12 @@ class JobCore:
             if not (self._dirty or self.counting.unsaved):
                 return
             await self._save()
+
+
+def _gist(state: JobState) -> tuple[object, ...]:
+    """What a save changes, compared without timestamps (providers round them)."""
+    return (state.status, len(state.status_changes), state.stage, state.progress,
+            state.stop_finalized, state.error)  # fmt: skip
 
 
 def describe(error: BaseException) -> str:

@@ -262,6 +262,7 @@ class FaultyStorage(MemoryStorage):
     `calls` counts every call by method name."""
 
     FAULTABLE = (
+        "get_job",
         "save_job",
         "update_steps",
         "delete_steps",
@@ -306,6 +307,10 @@ class FaultyStorage(MemoryStorage):
         if self.lost_acks.get(method, 0) > 0:
             self.lost_acks[method] -= 1
             raise self.error(f"{method} wrote, then its answer was lost (fault injected)")
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        await self._before("get_job")
+        return await super().get_job(job_id)
 
     async def save_job(self, job: JobState) -> JobState:
         await self._before("save_job")

@@ -335,14 +335,6 @@ def test_recover__a_host_dying_while_the_resume_hook_is_owed_starts_its_steps_on
     activations.run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (found by the state machine): a step adopted by a resume that then "
-    "reports the earlier stop is requeued at the same attempt (JobCore._settle, STOPPED while "
-    "live: window.requeue([start])), so a duplicate of that STOPPED report matches the new "
-    "run's (step, attempt) and the step is requeued and started again: it runs twice (or, "
-    "the job stopped meanwhile, the new run counts as stopped while it still runs)",
-)
 def test_resume__a_duplicate_stop_report_of_an_adopted_step_does_not_start_it_twice(
     activations: Activations,
 ) -> None:
@@ -411,13 +403,6 @@ def test_resume__a_failed_resume_of_a_stopping_job_keeps_its_running_steps(
     activations.run(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (found by the storage-fault state machine): JobCore._resume recounts "
-    "the counters from storage before its read of the stage's unfinished steps; when that "
-    "read fails the resume raises with the recount left in place (stopped 0) and the earlier "
-    "stops not rebased, so the stop then made final counts 0 stopped of 1",
-)
 def test_resume__a_failed_resume_of_a_stopping_job_keeps_its_counts(
     activations: Activations,
 ) -> None:

@@ -79,36 +79,9 @@ STORAGE_FAULTS = (
 #: Hooks a job may be told to raise once (ConnectionError): each is retried, or fails the job.
 HOOK_FAULTS = ("admit_stage", "on_before_resuming_job_steps", "on_completed", "on_stopped")
 
-#: Known core bugs, each shown by a unit test named here, that `JobMachine` steps around so it
-#: can keep looking for others. `UnrestrictedJobMachine` steps around none.
-KNOWN_BUGS: dict[str, str] = {
-    # A resume that fails on its read of the stage leaves the counters recounted, not rebased.
-    "failed_resume_counts": "test_resume.py::test_resume__a_failed_resume_of_a_stopping_job_"
-    "keeps_its_counts",
-    # A failed save of a stage change leaves the new stage started with none of its steps.
-    "failed_stage_change_save": "test_stages.py::test_stage_change__a_failed_save_of_the_new_"
-    "stage_still_starts_its_steps, test_stage_change__a_stop_after_a_failed_save_of_the_new_"
-    "stage_counts_its_steps",
-    # A status save whose answer is lost leaves the activation at the old status.
-    "lost_status_answer": "test_saving.py::test_save__a_lost_answer_of_the_removing_save_"
-    "still_finishes_the_removal",
-    # A storage error in a dead host's turn loses the host's steps: they stay active forever.
-    "dead_host_turn_storage_error": "test_outcomes.py::test_host__a_storage_error_while_"
-    "handling_a_dead_host_does_not_lose_its_steps",
-    # A reactivation whose recover fails (storage) is never recovered: the job stays RUNNING.
-    "failed_reactivation_recover": "test_resume.py::test_recover__a_reactivation_whose_"
-    "recover_fails_is_recovered_by_the_watchdog",
-    # A STOPPED report of a step adopted by a resume, delivered again, passes for the new run's.
-    "requeued_stop_duplicate": "test_resume.py::test_resume__a_duplicate_stop_report_of_an_"
-    "adopted_step_does_not_start_it_twice",
-}
-
 
 class JobMachine(RuleBasedStateMachine):
     """One job, from creation to its end (or removal)."""
-
-    #: The known bugs (keys of `KNOWN_BUGS`) this machine steps around.
-    avoid: frozenset[str] = frozenset(KNOWN_BUGS)
 
     def __init__(self) -> None:
         super().__init__()
@@ -269,8 +242,6 @@ class JobMachine(RuleBasedStateMachine):
 
     def finish(self, run: Run, status: StepStatus, deliver: int) -> None:
         hosts = self.harness.hosts
-        if deliver == 2 and status is STOPPED and self.stale_stop(status):
-            deliver = 1
         before = len(hosts.reports)
         message = None if status is SUCCESS else "failed on purpose"
         outcome = self.run(
@@ -282,23 +253,15 @@ class JobMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.removed and bool(self.delivered))
     @rule(data=st.data())
     def duplicate_report(self, data: st.DataObject) -> None:
-        outcome = data.draw(st.sampled_from(self.delivered))[1]
-        if not self.stale_stop(outcome.status):
-            self.report(outcome)
+        self.report(data.draw(st.sampled_from(self.delivered))[1])
 
     @precondition(lambda self: not self.removed and bool(self.lost))
     @rule(data=st.data())
     def late_report(self, data: st.DataObject) -> None:
         entry = data.draw(st.sampled_from(self.lost))
-        if self.stale_stop(entry[1].status):
-            return
         self.lost.remove(entry)
         self.delivered.append(entry)
         self.report(entry[1])
-
-    def stale_stop(self, status: StepStatus) -> bool:
-        """A STOPPED report delivered (again) now would meet bug "requeued_stop_duplicate"."""
-        return "requeued_stop_duplicate" in self.avoid and status is STOPPED
 
     def report(self, outcome: Outcome) -> None:
         hosts = self.harness.hosts
@@ -340,10 +303,6 @@ class JobMachine(RuleBasedStateMachine):
     @rule()
     def reactivate(self) -> None:
         """The job actor is lost and comes back: a new activation recovers the job."""
-        storage = self.harness.storage
-        if "failed_reactivation_recover" in self.avoid and isinstance(storage, FaultyStorage):
-            storage.failures.clear()
-            storage.lost_acks.clear()
         self.run(self.harness.activate(reconstructed=True))
 
     @precondition(lambda self: not self.removed)
@@ -378,10 +337,6 @@ class JobMachine(RuleBasedStateMachine):
         used = sorted({r.host for r in hosts.running_steps()})
         if not used:
             return
-        storage = self.harness.storage
-        if "dead_host_turn_storage_error" in self.avoid and isinstance(storage, FaultyStorage):
-            storage.failures.clear()
-            storage.lost_acks.clear()
         hosts.kill(data.draw(st.sampled_from(used)))
         self.run(asyncio.sleep(0))
 
@@ -610,10 +565,6 @@ class StorageFaultsJobMachine(JobMachine):
     @precondition(lambda self: not self.removed)
     @rule(method=st.sampled_from(STORAGE_FAULTS), lost_answer=st.booleans())
     def next_storage_call_fails(self, method: str, lost_answer: bool) -> None:
-        if method == "save_job" and self.avoid & {"lost_status_answer", "failed_stage_change_save"}:
-            return  # a job record's save that fails meets one of these known bugs
-        if method == "list_steps" and "failed_resume_counts" in self.avoid:
-            return
         if lost_answer and method not in ("count_by_status", "list_steps"):
             self.storage.ack_lost(method)
         else:
@@ -627,16 +578,6 @@ StorageFaultsJobMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestStorageFaultsJobMachine = StorageFaultsJobMachine.TestCase
-
-
-class UnrestrictedJobMachine(JobMachine):
-    """The same machine stepping around none of the known bugs: not collected (it fails while
-    they stand); run it to look for them, or for new ones:
-
-        python -m tests.unit.core.test_state_machine [examples] [steps]
-    """
-
-    avoid = frozenset()
 
 
 def explore(machine: type[RuleBasedStateMachine], examples: int, steps: int) -> None:
@@ -667,8 +608,10 @@ def explore(machine: type[RuleBasedStateMachine], examples: int, steps: int) -> 
 
 
 if __name__ == "__main__":
+    # python -m tests.unit.core.test_state_machine [examples] [steps] [--storage-faults]
+    numbers = [int(a) for a in sys.argv[1:] if not a.startswith("--")]
     explore(
-        UnrestrictedJobMachine,
-        int(sys.argv[1]) if len(sys.argv) > 1 else 1000,
-        int(sys.argv[2]) if len(sys.argv) > 2 else 30,
+        StorageFaultsJobMachine if "--storage-faults" in sys.argv else JobMachine,
+        numbers[0] if numbers else 1000,
+        numbers[1] if len(numbers) > 1 else 30,
     )
