@@ -39,3 +39,6 @@ class SchedulerOptions(BaseModel):
     replay_answers_for: Duration = timedelta(hours=24)
     #: Resolved dead letters older than this are deleted.
     dead_letter_retention: Duration = timedelta(days=30)
+    #: How long the scope's lock lasts without a renewal; it is renewed every third of this.
+    #: A scheduler that dies is replaced by another cluster's after at most this long.
+    lock_ttl: Duration = timedelta(seconds=30)

@@ -189,6 +189,18 @@ class Checkpoint(_Record):
     completed_at: datetime = Field(default_factory=utcnow)
 
 
+class SchedulerLease(_Record):
+    """The durable lock of a scheduler scope: who runs its manifests, until when (the
+    database's clock). Its holder is one activation of the scheduler actor."""
+
+    schema_version: int = SCHEMA_VERSION
+    #: "scheduler/{scope}".
+    name: str
+    holder: str
+    acquired_at: datetime
+    expires_at: datetime
+
+
 class TriggerResult(_Record):
     run_id: str | None = None
     #: The dispatcher had claimed the queued entry before the trigger could release it.

@@ -266,6 +266,45 @@ async def test_checkpoints__by_stage(sched: SchedulerStorage) -> None:
     assert (await sched.list_checkpoints("r"))[0].layout == layout
 
 
+# --- the scope's lock ------------------------------------------------------------------------
+
+
+async def test_lease__one_holder_until_it_expires_then_another_takes_it(
+    sched: SchedulerStorage,
+) -> None:
+    first = await sched.acquire_lease("scheduler/s", "a", timedelta(seconds=0.3))
+    assert first is not None and first.holder == "a" and first.expires_at > first.acquired_at
+    assert await sched.acquire_lease("scheduler/s", "b", timedelta(seconds=30)) is None
+    assert await sched.acquire_lease("scheduler/t", "b", timedelta(seconds=30)) is not None
+    await asyncio.sleep(0.4)
+    taken = await sched.acquire_lease("scheduler/s", "b", timedelta(seconds=30))
+    assert taken is not None and taken.holder == "b"
+    assert await sched.acquire_lease("scheduler/s", "a", timedelta(seconds=30)) is None
+    stored = await sched.get_lease("scheduler/s")
+    assert stored is not None and stored.holder == "b"
+
+
+async def test_lease__renewed_by_its_holder_and_released_only_by_it(
+    sched: SchedulerStorage,
+) -> None:
+    first = await sched.acquire_lease("scheduler/s", "a", timedelta(seconds=5))
+    renewed = await sched.acquire_lease("scheduler/s", "a", timedelta(seconds=60))
+    assert first is not None and renewed is not None
+    assert renewed.acquired_at == first.acquired_at and renewed.expires_at > first.expires_at
+    assert not await sched.release_lease("scheduler/s", "b")
+    assert await sched.release_lease("scheduler/s", "a")
+    assert await sched.get_lease("scheduler/s") is None
+    assert not await sched.release_lease("scheduler/s", "a")
+    assert await sched.acquire_lease("scheduler/s", "b", timedelta(seconds=5)) is not None
+
+
+async def test_lease__of_two_holders_acquiring_at_once_one_wins(sched: SchedulerStorage) -> None:
+    won = await asyncio.gather(
+        *(sched.acquire_lease("scheduler/s", f"h{i}", timedelta(seconds=30)) for i in range(4))
+    )
+    assert len([lease for lease in won if lease is not None]) == 1
+
+
 # --- upgrade --------------------------------------------------------------------------------
 
 

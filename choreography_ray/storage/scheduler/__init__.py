@@ -19,6 +19,8 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
                     status), (status, resolved_at).
     decisions       key (run_id, decision key): the first answer recorded for a key stays.
     checkpoints     key (run_id, stage).
+    scheduler_locks key name ("scheduler/{scope}"): holder, acquired_at, expires_at (the
+                    database's clock). One holder at a time: the durable lock of a scope.
 
 `scheduled_at` is the database's time plus the delay (`now()` is the database's clock); a zero
 delay stores none, and an entry without one is due at once. `claim_due` is atomic: of two
@@ -41,6 +43,7 @@ from choreography_ray.scheduler.records import (
     Decision,
     Manifest,
     ManifestRun,
+    SchedulerLease,
     WorkEntry,
 )
 from choreography_ray.scheduler.status import DeadLetterStatus
@@ -116,6 +119,17 @@ def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
     fields = {QueueKey.MANIFEST: ("holds_manifest_key", False), QueueKey.REPLAY: ("replays", None),
               QueueKey.RESUME: ("resume_from", None)}  # fmt: skip
     return dict(fields[k] for k in taken)
+
+
+def lease_for(
+    stored: SchedulerLease | None, name: str, holder: str, ttl: timedelta, now: datetime
+) -> SchedulerLease | None:
+    """The lease `acquire_lease` writes: a new one when none is stored or the stored one has
+    expired, the stored one extended when `holder` holds it; None when another holds it."""
+    if stored is not None and stored.holder != holder and stored.expires_at > now:
+        return None
+    acquired = stored.acquired_at if stored is not None and stored.holder == holder else now
+    return SchedulerLease(name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl)
 
 
 def merge_manifest(
@@ -231,6 +245,17 @@ class SchedulerStorage(Protocol):
 
     async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         """By stage."""
+
+    # the scope's lock
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        """Takes the lease `name` for `holder` until the database's now plus `ttl` when it is
+        free or expired, or renews it when `holder` holds it; None when another holder holds
+        it and it has not expired. Atomic: of two holders acquiring at once, one wins."""
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        """Deletes the lease when `holder` holds it; False otherwise."""
+
+    async def get_lease(self, name: str) -> SchedulerLease | None: ...
 
 
 def scheduler_storage(storage: Storage) -> SchedulerStorage:

@@ -18,6 +18,7 @@ from choreography_ray.scheduler.records import (
     Decision,
     Manifest,
     ManifestRun,
+    SchedulerLease,
     WorkEntry,
 )
 from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
@@ -26,6 +27,7 @@ from choreography_ray.storage.scheduler import (
     QueueKey,
     entry_keys,
     given_up_keys,
+    lease_for,
     merge_manifest,
     settle_keys,
 )
@@ -40,6 +42,7 @@ class MemorySchedulerStorage:
         self.dead_letters: dict[str, DeadLetter] = {}
         self.decisions: dict[tuple[str, str], Decision] = {}
         self.checkpoints: dict[tuple[str, int], Checkpoint] = {}
+        self.leases: dict[str, SchedulerLease] = {}
 
     async def now(self) -> datetime:
         return self.clock()
@@ -225,3 +228,19 @@ class MemorySchedulerStorage:
     async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         return sorted((c for (r, _), c in self.checkpoints.items() if r == run_id),
                       key=lambda c: c.stage)  # fmt: skip
+
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        lease = lease_for(self.leases.get(name), name, holder, ttl, self.clock())
+        if lease is not None:
+            self.leases[name] = lease
+        return lease
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        lease = self.leases.get(name)
+        if lease is None or lease.holder != holder:
+            return False
+        del self.leases[name]
+        return True
+
+    async def get_lease(self, name: str) -> SchedulerLease | None:
+        return self.leases.get(name)

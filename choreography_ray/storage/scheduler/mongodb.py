@@ -13,6 +13,9 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
     dead_letters      `_id` id. Indexes (scope, manifest, status), (status, resolved_at).
     decisions         `_id` "{run_id}/{key}". Index (run_id).
     checkpoints       `_id` "{run_id}/{stage}". Index (run_id, stage).
+    scheduler_locks   `_id` lease name ("scheduler/{scope}"). Taken by an insert (a second
+                      insert fails on `_id`), renewed or taken over by a `replace_one` filtered
+                      on the holder and expiry read just before: a compare-and-swap.
 
 A marker is inserted before its entry and deleted after the entry leaves QUEUED (claimed,
 cancelled, or its link cleared). A process that dies in between leaves a stale marker: one whose
@@ -47,6 +50,7 @@ from choreography_ray.scheduler.records import (
     Decision,
     Manifest,
     ManifestRun,
+    SchedulerLease,
     WorkEntry,
 )
 from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
@@ -56,6 +60,7 @@ from choreography_ray.storage.scheduler import (
     QueueKey,
     entry_keys,
     given_up_keys,
+    lease_for,
     settle_keys,
 )
 
@@ -436,3 +441,35 @@ class MongoSchedulerStorage:
             lambda db: list(db.checkpoints.find({"run_id": run_id}).sort("stage", 1))
         )
         return _parse_all(Checkpoint, "checkpoints", docs)
+
+    # the scope's lock
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        def write(db: Database[Doc]) -> Doc | None:
+            found = db.scheduler_locks.find_one({"_id": name})
+            stored = _parse(SchedulerLease, "scheduler_locks", dict(found) if found else None)
+            lease = lease_for(stored, name, holder, ttl, _server_now(db))
+            if lease is None:
+                return None
+            doc = _doc(lease, name)
+            if found is None:
+                try:
+                    db.scheduler_locks.insert_one(doc)
+                except mongo.DuplicateKeyError:
+                    return None  # another holder took it first
+                return doc
+            swapped = db.scheduler_locks.replace_one(
+                {"_id": name, "holder": found["holder"], "expires_at": found["expires_at"]}, doc
+            )
+            return doc if swapped.matched_count == 1 else None
+
+        return _parse(SchedulerLease, "scheduler_locks", await self._run(write))
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        done = await self._run(
+            lambda db: db.scheduler_locks.delete_one({"_id": name, "holder": holder})
+        )
+        return int(done.deleted_count) == 1
+
+    async def get_lease(self, name: str) -> SchedulerLease | None:
+        doc = await self._run(lambda db: db.scheduler_locks.find_one({"_id": name}))
+        return _parse(SchedulerLease, "scheduler_locks", doc)

@@ -14,6 +14,8 @@ Each table holds the record's JSON (`doc`, the truth) beside the columns it is f
                     resolved_at, doc. Indexes (scope, manifest, status), (status, resolved_at).
     decisions       WITHOUT ROWID. PRIMARY KEY (run_id, key), doc.
     checkpoints     WITHOUT ROWID. PRIMARY KEY (run_id, stage), doc.
+    scheduler_locks WITHOUT ROWID. name TEXT PRIMARY KEY, doc: read and written in one
+                    BEGIN IMMEDIATE transaction, so two holders cannot both take it.
 
 The tables are created on first use with `CREATE ... IF NOT EXISTS`, so a file of an older
 release (without them) opens as before and gains them. Times in columns are UTC ISO-8601 with
@@ -41,6 +43,7 @@ from choreography_ray.scheduler.records import (
     Decision,
     Manifest,
     ManifestRun,
+    SchedulerLease,
     WorkEntry,
 )
 from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
@@ -49,6 +52,7 @@ from choreography_ray.storage.scheduler import (
     QueueKey,
     entry_keys,
     given_up_keys,
+    lease_for,
     merge_manifest,
     settle_keys,
 )
@@ -89,6 +93,8 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id TEXT NOT NULL, stage INTEGER NOT NULL, doc TEXT NOT NULL,
     PRIMARY KEY (run_id, stage)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scheduler_locks (
+    name TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
 """
 #: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
 _NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
@@ -421,6 +427,31 @@ class SqliteSchedulerStorage:
     async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         sql = "SELECT run_id || '/' || stage, doc FROM checkpoints WHERE run_id = ? ORDER BY stage"
         return self._parsed(Checkpoint, "checkpoints", await self._docs(sql, run_id))
+
+    # the scope's lock
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        def write(c: sqlite3.Connection) -> SchedulerLease | None:
+            row = c.execute("SELECT doc FROM scheduler_locks WHERE name = ?", (name,)).fetchone()
+            stored = None if row is None else _parse(SchedulerLease, "scheduler_locks", name,
+                                                     row[0])  # fmt: skip
+            lease = lease_for(stored, name, holder, ttl, _db_now(c))
+            if lease is not None:
+                c.execute("INSERT OR REPLACE INTO scheduler_locks (name, doc) VALUES (?, ?)",
+                          (name, lease.model_dump_json()))  # fmt: skip
+            return lease
+
+        return await self._transact(write)
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        def delete(c: sqlite3.Connection) -> bool:
+            sql = "DELETE FROM scheduler_locks WHERE name = ? AND json_extract(doc, '$.holder') = ?"
+            return int(c.execute(sql, (name, holder)).rowcount) == 1
+
+        return await self._transact(delete)
+
+    async def get_lease(self, name: str) -> SchedulerLease | None:
+        rows = await self._docs("SELECT name, doc FROM scheduler_locks WHERE name = ?", name)
+        return next(iter(self._parsed(SchedulerLease, "scheduler_locks", rows)), None)
 
 
 def _lay_out(c: sqlite3.Connection) -> None:
