@@ -266,6 +266,17 @@ async def test_checkpoints__by_stage(sched: SchedulerStorage) -> None:
     assert (await sched.list_checkpoints("r"))[0].layout == layout
 
 
+async def test_manifest_keys__every_scope_and_namespace_once_sorted(
+    sched: SchedulerStorage,
+) -> None:
+    assert await sched.manifest_keys() == []
+    await sched.upsert_manifest(manifest("a", namespace="n2"), stated=())
+    await sched.upsert_manifest(manifest("b", namespace="n1"), stated=())
+    await sched.upsert_manifest(manifest("c", namespace="n1"), stated=())
+    await sched.upsert_manifest(manifest("d", scope="other"), stated=())
+    assert await sched.manifest_keys() == [("other", "default"), ("s", "n1"), ("s", "n2")]
+
+
 # --- the scope's lock ------------------------------------------------------------------------
 
 

@@ -160,6 +160,10 @@ class SchedulerStorage(Protocol):
     async def list_manifests(self, scope: str) -> list[Manifest]:
         """By name."""
 
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        """Every (scope, namespace) a manifest of any scope runs in, sorted: what recovery
+        needs to resume scheduled runs, and the scopes whose schedulers it brings back."""
+
     async def set_replay_decisions_on_retry(
         self, scope: str, names: Collection[str], value: bool
     ) -> int:

@@ -59,6 +59,9 @@ class MemorySchedulerStorage:
         return sorted((m for m in self.manifests.values() if m.scope == scope),
                       key=lambda m: m.name)  # fmt: skip
 
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        return sorted({(m.scope, m.namespace) for m in self.manifests.values()})
+
     async def set_replay_decisions_on_retry(
         self, scope: str, names: Collection[str], value: bool
     ) -> int:

@@ -218,6 +218,12 @@ class MongoSchedulerStorage:
         docs = await self._run(lambda db: list(db.manifests.find({"scope": scope}).sort("name", 1)))
         return _parse_all(Manifest, "manifests", docs)
 
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        # nx-27017 has no compound `$group` keys: the (few) manifests' two fields are read.
+        projection = {"scope": 1, "namespace": 1, "_id": 0}
+        docs = await self._run(lambda db: list(db.manifests.find({}, projection)))
+        return sorted({(str(d["scope"]), str(d.get("namespace", "default"))) for d in docs})
+
     async def set_replay_decisions_on_retry(
         self, scope: str, names: Collection[str], value: bool
     ) -> int:

@@ -220,6 +220,13 @@ class SqliteSchedulerStorage:
         sql = "SELECT name, doc FROM manifests WHERE scope = ? ORDER BY name"
         return self._parsed(Manifest, "manifests", await self._docs(sql, scope))
 
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        await self._ready()
+        rows = await self.storage._query(
+            "SELECT DISTINCT scope, json_extract(doc, '$.namespace') FROM manifests ORDER BY 1, 2"
+        )
+        return [(str(scope), str(namespace)) for scope, namespace in rows]
+
     @staticmethod
     def _parsed(model: type[_M], table: str, rows: Sequence[tuple[str, str]]) -> list[_M]:
         return [_parse(model, table, key, doc) for key, doc in rows]
