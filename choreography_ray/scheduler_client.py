@@ -36,6 +36,9 @@ from choreography_ray.types import type_path
 
 T = TypeVar("T")
 
+#: Operations that may have run before an answer lost to an actor restart: not repeated.
+_NOT_REPEATED = frozenset({"requeue", "requeue_execution", "resume_execution"})
+
 
 def job_type_and_request(
     job_type: type[Job[Any]] | str, request: BaseModel | dict[str, Any]
@@ -83,6 +86,7 @@ class AsyncScheduler:
             what=f"scheduler {self.scope}",
             unavailable=SchedulerUnavailableError,
             check=self.check if self._expected is not None else None,
+            wait_restart=method not in _NOT_REPEATED,
         )
 
     async def schedule(
