@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -91,6 +91,22 @@ def open_stored(url: str | None, commands: str) -> Storage:
         return open_storage(resolved)
     except ValueError as error:
         fail(str(error))
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_member(kind: type[E], text: str, what: str) -> E:
+    """A member of `kind` by name or stored value, in any case, with or without underscores or
+    dashes: RUNNING, Running, running; a usage error naming the choices otherwise."""
+    key = text.replace("_", "").replace("-", "").lower()
+    for member in kind:
+        if key in (member.name.replace("_", "").lower(), str(member.value).lower()):
+            return member
+    raise typer.BadParameter(
+        f"{text!r} is not a {what}; use one of {', '.join(m.name for m in kind)}",
+        param_hint="--status",
+    )
 
 
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> NoReturn:

@@ -17,6 +17,7 @@ from choreography_ray.cli._common import (
     console,
     fail,
     open_stored,
+    parse_member,
     state_json,
 )
 from choreography_ray.cli._render import (
@@ -35,14 +36,7 @@ _FAILED = FAILED_STEP | {StepStatus.UNREACHABLE}
 
 def parse_status(text: str) -> JobStatus:
     """A job status by member name or stored value, in any case: RUNNING, Running, running."""
-    key = text.replace("_", "").replace("-", "").lower()
-    for member in JobStatus:
-        if key in (member.name.replace("_", "").lower(), member.value.lower()):
-            return member
-    raise typer.BadParameter(
-        f"{text!r} is not a job status; use one of {', '.join(m.name for m in JobStatus)}",
-        param_hint="--status",
-    )
+    return parse_member(JobStatus, text, "job status")
 
 
 def _open(storage: str | None) -> Storage:

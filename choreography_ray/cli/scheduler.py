@@ -30,6 +30,7 @@ from choreography_ray.cli._common import (
     console,
     fail,
     open_stored,
+    parse_member,
     resolve_storage,
 )
 from choreography_ray.errors import (
@@ -149,15 +150,7 @@ def runs(
 
 
 def parse_dead_letter_status(text: str) -> DeadLetterStatus:
-    key = text.replace("_", "").replace("-", "").lower()
-    for member in DeadLetterStatus:
-        if key in (member.name.replace("_", "").lower(), member.value.lower()):
-            return member
-    raise typer.BadParameter(
-        f"{text!r} is not a dead letter status; use one of "
-        f"{', '.join(m.name for m in DeadLetterStatus)}",
-        param_hint="--status",
-    )
+    return parse_member(DeadLetterStatus, text, "dead letter status")
 
 
 @app.command("dead-letters")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.scheduler import cycle, failures, replay
@@ -30,6 +30,8 @@ from choreography_ray.storage.scheduler import Refusal, SchedulerStorage
 
 log = logging.getLogger(__name__)
 
+R = TypeVar("R", Manifest, ManifestRun, DeadLetter)
+
 
 class Operations:
     def __init__(
@@ -46,29 +48,24 @@ class Operations:
 
     # -- reads ------------------------------------------------------------------------------
 
+    def _owned(self, record: R | None, error: SchedulerError, what: str) -> R:
+        """`record` when it exists in this scope; else the refusal `error` naming `what`."""
+        if record is None or record.scope != self.scope:
+            raise SchedulerOperationError(error, f"no {what} in scope {self.scope!r}")
+        return record
+
     async def manifest(self, name: str) -> Manifest:
         found = await self.storage.get_manifest(self.scope, name)
-        if found is None:
-            raise SchedulerOperationError(
-                SchedulerError.MANIFEST_NOT_FOUND, f"no manifest {name!r} in scope {self.scope!r}"
-            )
-        return found
+        return self._owned(found, SchedulerError.MANIFEST_NOT_FOUND, f"manifest {name!r}")
 
     async def run(self, run_id: str) -> ManifestRun:
         found = await self.storage.get_run(run_id)
-        if found is None or found.scope != self.scope:
-            raise SchedulerOperationError(
-                SchedulerError.RUN_NOT_FOUND, f"no run {run_id} in scope {self.scope!r}"
-            )
-        return found
+        return self._owned(found, SchedulerError.RUN_NOT_FOUND, f"run {run_id}")
 
     async def dead_letter(self, dead_letter_id: str) -> DeadLetter:
         found = await self.storage.get_dead_letter(dead_letter_id)
-        if found is None or found.scope != self.scope:
-            raise SchedulerOperationError(SchedulerError.DEAD_LETTER_NOT_FOUND,
-                                          f"no dead letter {dead_letter_id} in scope "
-                                          f"{self.scope!r}")  # fmt: skip
-        return found
+        return self._owned(found, SchedulerError.DEAD_LETTER_NOT_FOUND,
+                           f"dead letter {dead_letter_id}")  # fmt: skip
 
     # -- manifests --------------------------------------------------------------------------
 
