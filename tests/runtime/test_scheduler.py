@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ import ray
 
 import choreography_ray as cr
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
+from tests.runtime.test_recovery import _run as run_script
 from tests.support import RAY_NAMESPACE, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,6 +144,7 @@ from datetime import timedelta
 import choreography_ray as cr
 from tests.runtime.recovery_jobs import LoggedJob, LoggedRequest
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
+from tests.runtime.test_recovery import _run as run_script
 OPTIONS = cr.JobsOptions(reconciliation_interval=0, job_watchdog_interval=0.5,
     scheduler=cr.SchedulerOptions(manifest_cycle=0.5, dispatch_interval=0.25, lock_ttl=2))
 storage, log = sys.argv[1], sys.argv[2]
@@ -196,13 +197,8 @@ with cr.Jobs.connect(storage=storage, options=OPTIONS, namespace="sched-restart"
 
 
 def _run(script: str, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    """The script's last line of output, as JSON (it runs as test_recovery.py's scripts do)."""
+    return json.loads(run_script(script, *args))  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(500)
