@@ -17,6 +17,9 @@ from choreography_ray.errors import (
     RemoveJobError,
     ResumeJobError,
     RetryFailedStepsError,
+    SchedulerError,
+    SchedulerOperationError,
+    SchedulerUnavailableError,
     StartJobError,
     StopJobError,
     StorageError,
@@ -35,18 +38,39 @@ from choreography_ray.model import (
     StepState,
 )
 from choreography_ray.options import JobsOptions
+from choreography_ray.scheduler import (
+    After,
+    Cron,
+    DeadLetter,
+    DeadLetterStatus,
+    Every,
+    Manifest,
+    ManifestRun,
+    OnceAt,
+    RequeueResult,
+    RunStatus,
+    SchedulerOptions,
+    TriggerResult,
+)
+from choreography_ray.scheduler_client import AsyncScheduler, Scheduler
 from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
 from choreography_ray.step import JobStep, StepContext, StepResult
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "After",
     "AsyncJobsManager",
+    "AsyncScheduler",
     "CannotResumeJobError",
     "ChoreographyError",
     "ConcurrencyError",
     "CorruptRecordError",
+    "Cron",
+    "DeadLetter",
+    "DeadLetterStatus",
     "DuplicateRecordError",
+    "Every",
     "IllegalTransitionError",
     "InvalidRequestError",
     "Job",
@@ -65,9 +89,19 @@ __all__ = [
     "JobsManagerUnavailableError",
     "JobsOptions",
     "Lease",
+    "Manifest",
+    "ManifestRun",
+    "OnceAt",
     "RemoveJobError",
+    "RequeueResult",
     "ResumeJobError",
     "RetryFailedStepsError",
+    "RunStatus",
+    "Scheduler",
+    "SchedulerError",
+    "SchedulerOperationError",
+    "SchedulerOptions",
+    "SchedulerUnavailableError",
     "StageProgress",
     "StartJobError",
     "StartedJob",
@@ -80,6 +114,7 @@ __all__ = [
     "StopJobError",
     "StorageError",
     "StorageUnavailableError",
+    "TriggerResult",
     "TypeImportError",
     "UnsupportedSchemaError",
     "__version__",

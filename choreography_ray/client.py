@@ -15,11 +15,11 @@ import builtins
 import logging
 import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 from pydantic import BaseModel
@@ -41,11 +41,53 @@ from choreography_ray.status import JobStatus
 from choreography_ray.storage import redact_url
 from choreography_ray.types import type_path
 
+if TYPE_CHECKING:
+    from choreography_ray.scheduler_client import AsyncScheduler, Scheduler
+
 T = TypeVar("T")
 
 
 #: Seconds a client waits for a jobs manager that Ray is restarting before it gives up.
 MANAGER_RESTART_WAIT = 30.0
+
+
+async def call_actor(
+    handle: Any,
+    method: str,
+    args: tuple[Any, ...],
+    *,
+    what: str,
+    unavailable: type[ChoreographyError],
+    check: Callable[[dict[str, str]], None] | None = None,
+    wait_restart: bool = True,
+) -> Any:
+    """`method` on one of our actors, after `check` of its `config()` (when given). An actor
+    that Ray is restarting is waited for, up to `MANAGER_RESTART_WAIT` seconds (with
+    `wait_restart`; a call that may have run before its answer was lost is not repeated); our
+    own errors come out as they were raised, anything else as `unavailable`: no Ray exception
+    type leaks."""
+    deadline = time.monotonic() + MANAGER_RESTART_WAIT
+    delay = 0.1
+    while True:
+        try:
+            if check is not None:
+                check(await handle.config.remote())
+                check = None
+            return await getattr(handle, method).remote(*args)
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause
+            if isinstance(cause, ChoreographyError):
+                raise cause from None
+            raise unavailable(f"{method} on {what} failed: {cause!r}") from None
+        except ray.exceptions.RayError as error:
+            # The actor is restarting (or gone): its next incarnation answers.
+            if not wait_restart or time.monotonic() >= deadline:
+                raise unavailable(
+                    f"{what} did not answer {method} within {MANAGER_RESTART_WAIT:g} s: "
+                    f"{type(error).__name__}"
+                ) from None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def settled(state: JobState) -> bool:
@@ -75,9 +117,13 @@ def resolve_storage_url(url: str | None) -> str:
 
 
 def manager_conflict(
-    name: str, running: dict[str, str], storage: str, options: JobsOptions
+    name: str,
+    running: dict[str, str],
+    storage: str,
+    options: JobsOptions,
+    what: str = "jobs manager",
 ) -> JobsManagerConflictError | None:
-    """The error for a manager whose config (`JobsManagerActor.config`) is not this
+    """The error for a manager (or a scheduler: `what`) whose config (`config()`) is not this
     connection's storage and options, or None when they are the same."""
     differences: builtins.list[str] = []
     if running["storage"] != storage:
@@ -95,8 +141,8 @@ def manager_conflict(
     if not differences:
         return None
     return JobsManagerConflictError(
-        f"the jobs manager {name} runs with other settings than this connection's "
-        f"({'; '.join(differences)}). A jobs manager keeps the storage and options of the "
+        f"the {what} {name} runs with other settings than this connection's "
+        f"({'; '.join(differences)}). A {what} keeps the storage and options of the "
         "connection that created it: connect with the same storage and options, or use "
         "another scope (or Ray namespace) for these.",
         fields,
@@ -132,29 +178,15 @@ class AsyncJobsManager:
         that Ray is restarting is waited for, up to `MANAGER_RESTART_WAIT` seconds (but for
         `start`, which may have run before its answer was lost); the spec's errors come out as
         they were raised, and no Ray exception type leaks."""
-        deadline = time.monotonic() + MANAGER_RESTART_WAIT
-        delay = 0.1
-        while True:
-            try:
-                if self._expected is not None:
-                    self.check(await self._handle.config.remote())
-                return await getattr(self._handle, method).remote(*args)
-            except ray.exceptions.RayTaskError as error:
-                cause = error.cause
-                if isinstance(cause, ChoreographyError):
-                    raise cause from None
-                raise JobsManagerUnavailableError(
-                    f"{method} on jobs manager {self.scope}/{self.namespace} failed: {cause!r}"
-                ) from None
-            except ray.exceptions.RayError as error:
-                # The actor is restarting (or gone): its next incarnation answers.
-                if method == "start" or time.monotonic() >= deadline:
-                    raise JobsManagerUnavailableError(
-                        f"jobs manager {self.scope}/{self.namespace} did not answer {method}"
-                        f" within {MANAGER_RESTART_WAIT:g} s: {type(error).__name__}"
-                    ) from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        return await call_actor(
+            self._handle,
+            method,
+            args,
+            what=f"jobs manager {self.scope}/{self.namespace}",
+            unavailable=JobsManagerUnavailableError,
+            check=self.check if self._expected is not None else None,
+            wait_restart=method != "start",
+        )
 
     def check(self, running: dict[str, str]) -> None:
         """Raises `JobsManagerConflictError` when `running` (the manager's config) is not this
@@ -316,6 +348,25 @@ class Jobs:
         inner = self.async_manager(scope, namespace)
         inner.check(ray.get(inner._handle.config.remote()))
         return JobsManager(inner)
+
+    def async_scheduler(self, scope: str) -> AsyncScheduler:
+        """The async client of `scheduler/{scope}`; its first call raises
+        `JobsManagerConflictError` if the scheduler runs with another storage or options."""
+        from choreography_ray.scheduler_client import AsyncScheduler
+
+        handle = actors.scheduler_actor(
+            scope, self.storage, self.options.model_dump_json(), self.namespace
+        )
+        return AsyncScheduler(handle, scope, (self.storage, self.options))
+
+    def scheduler(self, scope: str) -> Scheduler:
+        """The sync client of `scheduler/{scope}`; raises `JobsManagerConflictError` if the
+        scheduler runs with another storage or other options than this connection's."""
+        from choreography_ray.scheduler_client import Scheduler
+
+        inner = self.async_scheduler(scope)
+        inner.check(ray.get(inner._handle.config.remote()))
+        return Scheduler(inner)
 
     def close(self) -> None:
         if self._owns_ray:

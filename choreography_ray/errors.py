@@ -10,6 +10,8 @@ One root, `ChoreographyError`::
     ├── IllegalTransitionError     a job was asked to move between statuses the lifecycle forbids
     ├── JobsManagerConflictError   a jobs manager runs with another storage or other options
     ├── JobsManagerUnavailableError  the jobs manager could not be reached within the bound
+    ├── SchedulerOperationError    a scheduler operation was refused (.error, a SchedulerError)
+    ├── SchedulerUnavailableError  the scheduler actor could not be reached within the bound
     └── StorageError               anything the storage layer reports
         ├── StorageUnavailableError      the database cannot be reached (URL shown without password)
         ├── ConcurrencyError             a job save lost an optimistic-concurrency race
@@ -80,6 +82,21 @@ class JobLookupError(enum.StrEnum):
     JOB_NOT_FOUND = "JobNotFound"
 
 
+class SchedulerError(enum.StrEnum):
+    #: No manifest of that name in the scheduler's scope.
+    MANIFEST_NOT_FOUND = "ManifestNotFound"
+    #: No run with that id in the scheduler's scope.
+    RUN_NOT_FOUND = "RunNotFound"
+    #: No dead letter with that id in the scheduler's scope.
+    DEAD_LETTER_NOT_FOUND = "DeadLetterNotFound"
+    #: The dead letter was resolved already (requeued or acknowledged by someone else).
+    DEAD_LETTER_ALREADY_RESOLVED = "DeadLetterAlreadyResolved"
+    #: Another queued entry resumes the same run.
+    RESUME_ALREADY_QUEUED = "ResumeAlreadyQueued"
+    #: This scheduler does not hold the scope's lock: another one (another cluster) runs it.
+    NOT_LOCK_HOLDER = "NotLockHolder"
+
+
 OperationErrorCode: TypeAlias = (
     StartJobError
     | StopJobError
@@ -140,6 +157,23 @@ class JobsManagerConflictError(ChoreographyError, ValueError):
 class JobsManagerUnavailableError(ChoreographyError):
     """The jobs manager actor did not answer within the client's bound (it is restarting, or
     its node is gone), or failed in a way that is not one of the spec's errors."""
+
+
+class SchedulerOperationError(ChoreographyError):
+    """A scheduler operation was refused; `.error` says why."""
+
+    def __init__(self, error: SchedulerError, message: str = "") -> None:
+        self.error = error
+        self.message = message
+        super().__init__(f"SchedulerError.{error.name}" + (f": {message}" if message else ""))
+
+    def __reduce__(self) -> tuple[type[SchedulerOperationError], tuple[SchedulerError, str]]:
+        return SchedulerOperationError, (self.error, self.message)
+
+
+class SchedulerUnavailableError(ChoreographyError):
+    """The scheduler actor did not answer within the client's bound, or failed in a way that
+    is not a `SchedulerOperationError`."""
 
 
 class StorageError(ChoreographyError):

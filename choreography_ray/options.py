@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-
-def _seconds(value: object) -> object:
-    """Plain numbers read as seconds; infinity is kept as the largest duration."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta.max if math.isinf(value) else timedelta(seconds=value)
-    return value
-
-
-Duration = Annotated[timedelta, BeforeValidator(_seconds)]
+from choreography_ray.durations import Duration
+from choreography_ray.scheduler.options import SchedulerOptions
 
 
 class JobsOptions(BaseModel):
@@ -70,6 +62,8 @@ class JobsOptions(BaseModel):
     #: How often a job saves its progress while steps report (progress is a cache; the watchdog
     #: recounts from storage).
     progress_save_interval: Duration = timedelta(milliseconds=250)
+    #: The scheduler's options: its loops, retry backoff, failure window and dead letters.
+    scheduler: SchedulerOptions = SchedulerOptions()
 
     @property
     def effective_max_step_attempts(self) -> int:

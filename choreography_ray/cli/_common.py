@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,7 +14,7 @@ from rich.text import Text
 from choreography_ray.client import resolve_storage_url
 from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
-from choreography_ray.storage import open_storage
+from choreography_ray.storage import Storage, open_storage
 
 #: The width of human output that goes to a pipe or file, in characters.
 PIPED_WIDTH = 160
@@ -78,6 +78,35 @@ def check_storage(url: str) -> None:
     except ValueError as error:
         fail(str(error))
     asyncio.run(storage.close())
+
+
+def open_stored(url: str | None, commands: str) -> Storage:
+    """The storage that read-only `commands` read directly, without Ray; exits 2 for
+    `memory://` (it lives inside a running cluster) and a URL that names no provider."""
+    resolved = resolve_storage(url)
+    if resolved.lower().startswith("memory:"):
+        fail(f"memory:// storage lives inside a running Ray cluster; {commands} read "
+             "sqlite:// or mongodb:// storage")  # fmt: skip
+    try:
+        return open_storage(resolved)
+    except ValueError as error:
+        fail(str(error))
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_member(kind: type[E], text: str, what: str) -> E:
+    """A member of `kind` by name or stored value, in any case, with or without underscores or
+    dashes: RUNNING, Running, running; a usage error naming the choices otherwise."""
+    key = text.replace("_", "").replace("-", "").lower()
+    for member in kind:
+        if key in (member.name.replace("_", "").lower(), str(member.value).lower()):
+            return member
+    raise typer.BadParameter(
+        f"{text!r} is not a {what}; use one of {', '.join(m.name for m in kind)}",
+        param_hint="--status",
+    )
 
 
 def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> NoReturn:

@@ -16,7 +16,8 @@ from choreography_ray.cli._common import (
     StorageOption,
     console,
     fail,
-    resolve_storage,
+    open_stored,
+    parse_member,
     state_json,
 )
 from choreography_ray.cli._render import (
@@ -28,32 +29,18 @@ from choreography_ray.cli._render import (
 from choreography_ray.errors import StorageError
 from choreography_ray.model import JobState, StepState
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
-from choreography_ray.storage import Storage, open_storage
+from choreography_ray.storage import Storage
 
 _FAILED = FAILED_STEP | {StepStatus.UNREACHABLE}
 
 
 def parse_status(text: str) -> JobStatus:
     """A job status by member name or stored value, in any case: RUNNING, Running, running."""
-    key = text.replace("_", "").replace("-", "").lower()
-    for member in JobStatus:
-        if key in (member.name.replace("_", "").lower(), member.value.lower()):
-            return member
-    raise typer.BadParameter(
-        f"{text!r} is not a job status; use one of {', '.join(m.name for m in JobStatus)}",
-        param_hint="--status",
-    )
+    return parse_member(JobStatus, text, "job status")
 
 
 def _open(storage: str | None) -> Storage:
-    url = resolve_storage(storage)
-    if url.lower().startswith("memory:"):
-        fail("memory:// storage lives inside a running Ray cluster; status and list read "
-             "sqlite:// or mongodb:// storage")  # fmt: skip
-    try:
-        return open_storage(url)
-    except ValueError as error:
-        fail(str(error))
+    return open_stored(storage, "status and list")
 
 
 async def _read_job(store: Storage, job_id: str) -> tuple[JobState | None, list[StepState]]:

@@ -1,7 +1,6 @@
-"""Backoff for every retry loop, and step retries: the decision and the schedule.
+"""Step retries: the decision and the schedule.
 
-`Backoff` is the one helper behind outcome delivery, the removal finish, recovery retries, start
-retries and step retries: `first`, doubling up to `longest`.
+`Backoff` (in `backoff.py`, re-exported here) is the one helper behind every retry loop.
 
 The step retry schedule is kept in the job activation's memory, not durably: after the job is
 reactivated, a failed attempt that was waiting for its retry counts as final (the spec's
@@ -13,34 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
+from choreography_ray.core.backoff import STANDARD as STANDARD
+from choreography_ray.core.backoff import Backoff as Backoff
 from choreography_ray.job import Job
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.step import StepResult
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Seconds before retry `n` (1-based): `first`, doubling, never more than `longest`."""
-
-    first: float
-    longest: float
-
-    @classmethod
-    def of(cls, first: timedelta, longest: timedelta) -> Backoff:
-        return cls(first.total_seconds(), longest.total_seconds())
-
-    def delay(self, n: int) -> float:
-        if n <= 1:
-            return min(self.first, self.longest)
-        return min(self.first * 2.0 ** min(n - 1, 62), self.longest)
-
-
-#: Start operations that threw, removal finishes, recovery retries: 1 s doubling to 60 s.
-STANDARD = Backoff(1.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)

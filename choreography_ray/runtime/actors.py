@@ -1,4 +1,5 @@
-"""Creating the package's named actors: a jobs manager, the recovery actor, a job actor.
+"""Creating the package's named actors: a jobs manager, the recovery actor, a job actor, a
+scheduler.
 
 Each function returns a handle to the named detached actor and creates the actor first if it
 does not exist yet (get-if-exists, `names.actor_options`), so the name, the options and the
@@ -15,7 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from choreography_ray.runtime.names import RECOVERY, actor_options, job_name, manager_name
+from choreography_ray.runtime.names import (
+    RECOVERY,
+    actor_options,
+    job_name,
+    manager_name,
+    scheduler_name,
+)
 
 
 def manager_actor(
@@ -46,3 +53,13 @@ def job_actor(job_id: str, storage_url: str, options_json: str, ray_namespace: s
     return JobActor.options(  # type: ignore[attr-defined]
         **actor_options(job_name(job_id), ray_namespace)
     ).remote(job_id, storage_url, options_json, ray_namespace)
+
+
+def scheduler_actor(scope: str, storage_url: str, options_json: str, ray_namespace: str) -> Any:
+    """`scheduler/{scope}`: runs the scope's manifests while it holds the scope's lock. An
+    existing scheduler keeps the storage and options it was created with; `config()` tells."""
+    from choreography_ray.runtime.scheduler_actor import SchedulerActor
+
+    return SchedulerActor.options(  # type: ignore[attr-defined]
+        **actor_options(scheduler_name(scope), ray_namespace)
+    ).remote(scope, storage_url, options_json, ray_namespace)

@@ -12,6 +12,10 @@ def manager_name(scope: str, namespace: str) -> str:
     return f"jobs-manager/{scope}/{namespace}"
 
 
+def scheduler_name(scope: str) -> str:
+    return f"scheduler/{scope}"
+
+
 def job_name(job_id: str) -> str:
     return f"job/{job_id}"
 

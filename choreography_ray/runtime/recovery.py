@@ -3,10 +3,12 @@
 It asks every known jobs manager to rehydrate when a connection first registers its storage
 (the cluster coming up), when Ray reports a node dead, and when the actor itself is restarted.
 Keys come from the durable key catalog (every (scope, namespace) a manager was started for)
-plus every provider named in `JobsOptions.keys_providers`, built again on each pass, combined
-and de-duplicated. A provider, a manager or a catalog read that fails is logged by name and
-retried alone after 1 s, doubling to 60 s (`core.retries.STANDARD`), without waiting for another
-membership change.
+plus the scheduler's provider (`scheduler.keys.ScheduledKeys`: every (scope, namespace) a
+manifest runs in) plus every provider named in `JobsOptions.keys_providers`, built again on
+each pass, combined and de-duplicated. Each pass also brings up the scheduler actor of every
+scope that has manifests, so schedules carry on after a whole-cluster restart. A provider, a
+manager or a catalog read that fails is logged by name and retried alone after 1 s, doubling
+to 60 s (`core.retries.STANDARD`), without waiting for another membership change.
 
 Registered storages outlive the actor: each registration (storage URL and options JSON) is
 written to Ray's internal KV, namespace `choreography_ray`, key
@@ -47,7 +49,8 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.membership import node_table
 from choreography_ray.runtime.names import RECOVERY, job_name
-from choreography_ray.runtime.shared_storage import open_shared_storage
+from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
+from choreography_ray.scheduler.keys import ScheduledKeys
 from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import redact_url
 from choreography_ray.types import import_type
@@ -101,6 +104,7 @@ class Tenant:
         self.options_json = options_json
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, namespace)
+        self.scheduled = ScheduledKeys(shared_scheduler_storage(self.storage))
         self.namespace = namespace
         self.name = redact_url(storage_url)
 
@@ -117,10 +121,18 @@ class Tenant:
     async def rehydrate(self, key: JobsManagerKey) -> None:
         await (await self.manager(key)).rehydrate.remote()
 
+    async def schedulers(self) -> None:
+        """Brings up the scheduler of every scope with manifests (get-if-exists)."""
+        for scope in await self.scheduled.scopes():
+            await asyncio.to_thread(actors.scheduler_actor, scope, self.storage_url,
+                                    self.options_json, self.namespace)  # fmt: skip
+
     async def keys(self, retry: Retry) -> set[JobsManagerKey]:
-        """The catalog's keys and every provider's; a failing provider is retried alone. A
-        catalog that cannot be read raises."""
+        """The catalog's keys, the scheduler's and every provider's; a failing provider is
+        retried alone. A catalog that cannot be read raises, and so do the scheduler's keys
+        (they are in the same storage)."""
         keys = set(await self.storage.list_manager_keys())
+        keys |= set(await self.scheduled.get_keys())
         for path in self.options.keys_providers:
             try:
                 keys |= await provider_keys(path, self.options)
@@ -244,6 +256,11 @@ class RecoveryCore:
         except Exception as error:
             log.warning("recovery of %s could not read its keys: %s", tenant.name, error)
             self._retry(f"keys of {tenant.name}", functools.partial(self._recover_keys, tenant))
+        try:
+            await tenant.schedulers()
+        except Exception as error:
+            log.warning("bringing up the schedulers of %s failed: %s", tenant.name, error)
+            self._retry(f"schedulers of {tenant.name}", tenant.schedulers)
 
     async def _recover_keys(self, tenant: Tenant) -> None:
         for key in await tenant.keys(self._retry):

@@ -22,6 +22,8 @@ from choreography_ray.errors import (
     OperationErrorCode,
     RemoveJobError,
     RetryFailedStepsError,
+    SchedulerError,
+    SchedulerOperationError,
     StartJobError,
     StopJobError,
     StorageError,
@@ -116,7 +118,11 @@ def test_every_error_is_drawn_in_the_module_tree(cls: type[BaseException]) -> No
 
 @pytest.mark.parametrize(
     "cls",
-    [c for c in _exception_classes() if c not in (JobOperationError, CorruptRecordError)],
+    [
+        c
+        for c in _exception_classes()
+        if c not in (JobOperationError, CorruptRecordError, SchedulerOperationError)
+    ],
     ids=lambda c: c.__name__,
 )
 def test_message_only_errors_pickle_round_trip(cls: type[Exception]) -> None:
@@ -137,3 +143,12 @@ def test_operation_error_survives_rays_task_error_wrapping() -> None:
     assert isinstance(received, JobOperationError)
     assert received.error is RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED
     assert received.message == "again"
+
+
+@pytest.mark.parametrize("code", list(SchedulerError), ids=lambda c: c.name)
+def test_scheduler_operation_error_carries_its_code_and_pickles(code: SchedulerError) -> None:
+    original = SchedulerOperationError(code, "why")
+    assert str(original) == f"SchedulerError.{code.name}: why"
+    copy = _round_trip(original)
+    assert type(copy) is SchedulerOperationError
+    assert copy.error is code and copy.message == "why" and str(copy) == str(original)

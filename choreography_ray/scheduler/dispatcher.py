@@ -1,0 +1,106 @@
+"""The dispatcher: claims due work entries atomically and starts their runs as jobs.
+
+An entry's replay link is checked again as it is claimed (`replay.dispatch_link`): one naming
+a run another run already replays, or whose manifest has since opted out, is dispatched without
+it and asks afresh. A dispatch that never reached the jobs manager is requeued with the dispatch
+backoff (`dispatching.after_dispatch_failure`) and its run is DISPATCH_REQUEUED; once it has
+used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an
+unknown type, a request that does not validate) is a failed run at once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from choreography_ray.scheduler import dispatching, replay
+from choreography_ray.scheduler.options import SchedulerOptions
+from choreography_ray.scheduler.port import DispatchError, JobsPort
+from choreography_ray.scheduler.records import ManifestRun, WorkEntry
+from choreography_ray.scheduler.status import RunStatus
+from choreography_ray.storage.scheduler import SchedulerStorage
+
+log = logging.getLogger(__name__)
+
+#: Entries claimed per dispatch.
+CLAIM_BATCH = 100
+
+
+class Dispatcher:
+    def __init__(
+        self, scope: str, storage: SchedulerStorage, jobs: JobsPort, options: SchedulerOptions
+    ) -> None:
+        self.scope = scope
+        self.storage = storage
+        self.jobs = jobs
+        self.options = options
+        #: Runs started, and dispatches requeued, by this dispatcher (tests and stats read them).
+        self.started = 0
+        self.requeued = 0
+
+    async def dispatch_due(self) -> int:
+        """Claims the due entries and starts their runs; how many were claimed."""
+        claimed = await self.storage.claim_due(self.scope, CLAIM_BATCH)
+        for entry in claimed:
+            try:
+                await self.dispatch(entry)
+            except Exception:
+                log.exception("scheduler/%s: dispatching entry %s of %r failed", self.scope,
+                              entry.id, entry.manifest)  # fmt: skip
+        return len(claimed)
+
+    async def dispatch(self, entry: WorkEntry) -> None:
+        run = await self.storage.get_run(entry.run_id)
+        if run is None:
+            log.error("scheduler/%s: entry %s names no stored run %s; dropped", self.scope,
+                      entry.id, entry.run_id)  # fmt: skip
+            return
+        manifest = await self.storage.get_manifest(self.scope, entry.manifest)
+        replays = entry.replays
+        if replays is not None:
+            others = await self.storage.runs_replaying(replays)
+            link = replay.dispatch_link(entry, manifest, others)
+            if link.replays is None:
+                log.info("scheduler/%s: run %s asks afresh (%s): it was queued to replay %s",
+                         self.scope, run.id, link.afresh, replays)  # fmt: skip
+            replays = link.replays
+        try:
+            job_id = await self.jobs.start_job(self.scope, run.namespace, run.job_type,
+                                               run.request)  # fmt: skip
+        except DispatchError as error:
+            await self.failed(entry, run, str(error), reached=error.reached)
+            return
+        except Exception as error:  # whatever else: the jobs manager was not reached
+            await self.failed(entry, run, f"{type(error).__name__}: {error}", reached=False)
+            return
+        now = await self.storage.now()
+        await self.storage.save_run(run.model_copy(update={
+            "status": RunStatus.RUNNING, "job_id": job_id, "started_at": now,
+            "dispatched_at": entry.dispatched_at, "dispatch_attempts": entry.dispatch_attempts,
+            "replays": replays, "error": None,
+        }))  # fmt: skip
+        self.started += 1
+
+    async def failed(
+        self, entry: WorkEntry, run: ManifestRun, why: str, *, reached: bool = False
+    ) -> None:
+        """A dispatch of `entry` failed: requeued with the dispatch backoff, or (refused by the
+        jobs manager, or out of attempts) its run failed."""
+        retry = dispatching.after_dispatch_failure(entry.dispatch_attempts, self.options)
+        attempts = {"dispatch_attempts": entry.dispatch_attempts, "error": why}
+        if not reached and not retry.gives_up:
+            assert retry.delay is not None
+            if await self.storage.requeue_dispatch(entry.id, retry.delay) is not None:
+                update = {**attempts, "status": RunStatus.DISPATCH_REQUEUED}
+                await self.storage.save_run(run.model_copy(update=update))
+                self.requeued += 1
+                log.warning("scheduler/%s: dispatch %d of run %s failed (%s); again in %s",
+                            self.scope, entry.dispatch_attempts, run.id, why,
+                            retry.delay)  # fmt: skip
+                return
+        if not reached:
+            why = f"dispatch failed {entry.dispatch_attempts} time(s), the last: {why}"
+        now = await self.storage.now()
+        update = {**attempts, "status": RunStatus.FAILED, "ended_at": now, "error": why}
+        await self.storage.save_run(run.model_copy(update=update))
+        log.warning("scheduler/%s: run %s of %r failed: %s", self.scope, run.id,
+                    entry.manifest, why)  # fmt: skip

@@ -1,0 +1,113 @@
+"""Counting failures, the retry delay and dead-lettering, as the spec's "Counting failures".
+
+A run counts as a failure when it is FAILED (its job ended COMPLETED_WITH_FAILURES or FAILED,
+or its dispatch used up `max_dispatch_attempts`), it started inside the manifest's failure window
+(`failure_window`, else the scheduler's `failure_count_window`) and after the manifest's latest
+resolved dead letter. A cancelled run never counts, nor a dispatch waiting for another attempt
+(DISPATCH_REQUEUED). A success does not reset the count inside the window; it ends the backoff.
+
+More than `max_retries` counted failures dead-letter the manifest: `max_retries=0` on the first
+failure, the default 3 on the fourth; a manifest that has not run never.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from choreography_ray.scheduler.options import SchedulerOptions
+from choreography_ray.scheduler.records import DeadLetter, Manifest, ManifestRun
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
+
+#: Exponents past this change nothing but the risk of overflow: every delay is capped.
+_MAX_EXPONENT = 64
+
+
+def failure_window(manifest: Manifest, options: SchedulerOptions) -> timedelta:
+    return manifest.failure_window or options.failure_count_window
+
+
+def latest_resolution(dead_letters: Iterable[DeadLetter]) -> datetime | None:
+    """When the manifest's latest resolved dead letter was resolved: failures before it are
+    set aside, so a requeued manifest starts fresh."""
+    resolved = [d.resolved_at for d in dead_letters if d.status.is_resolved and d.resolved_at]
+    return max(resolved, default=None)
+
+
+def awaiting_intervention(dead_letters: Iterable[DeadLetter]) -> DeadLetter | None:
+    return next(
+        (d for d in dead_letters if d.status is DeadLetterStatus.AWAITING_INTERVENTION), None
+    )
+
+
+def counts(
+    run: ManifestRun,
+    manifest: Manifest,
+    dead_letters: Sequence[DeadLetter],
+    options: SchedulerOptions,
+    now: datetime,
+) -> bool:
+    """The run is a failure that counts toward the manifest's retries now."""
+    if run.status is not RunStatus.FAILED:
+        return False
+    started = run.counted_from
+    if started < now - failure_window(manifest, options):
+        return False
+    resolved = latest_resolution(dead_letters)
+    return resolved is None or started > resolved
+
+
+def counted_failures(
+    runs: Iterable[ManifestRun],
+    manifest: Manifest,
+    dead_letters: Sequence[DeadLetter],
+    options: SchedulerOptions,
+    now: datetime,
+) -> list[ManifestRun]:
+    return [r for r in runs if counts(r, manifest, dead_letters, options, now)]
+
+
+def retry_delay(failures: int, options: SchedulerOptions) -> timedelta:
+    """`min(default_retry_delay * retry_backoff_multiplier^(failures-1), max_retry_delay)`."""
+    if failures < 1:
+        return timedelta(0)
+    factor = options.retry_backoff_multiplier ** min(failures - 1, _MAX_EXPONENT)
+    seconds = options.default_retry_delay.total_seconds() * factor
+    return min(timedelta(seconds=min(seconds, timedelta.max.total_seconds() / 2)),
+               options.max_retry_delay)  # fmt: skip
+
+
+def exceeds_retries(counted: Sequence[ManifestRun], manifest: Manifest) -> bool:
+    """Dead-letter on this cycle: more counted failures than `max_retries`."""
+    return len(counted) > manifest.max_retries
+
+
+def dead_letter_reason(counted: Sequence[ManifestRun], manifest: Manifest) -> str:
+    window = "its failure window"
+    return (
+        f"{len(counted)} counted failure(s) inside {window}, more than max_retries="
+        f"{manifest.max_retries}; latest: {counted[0].error or counted[0].id}"
+    )
+
+
+def backoff_total(retries: int, options: SchedulerOptions) -> timedelta:
+    """The delays of `retries` retries in a row, added up."""
+    return sum((retry_delay(n, options) for n in range(1, retries + 1)), timedelta(0))
+
+
+def backoff_warning(
+    options: SchedulerOptions, max_retries: int | None = None, window: timedelta | None = None
+) -> str | None:
+    """The start-up warning when the backoff of `max_retries` retries alone (default
+    `default_max_retries`) reaches the failure window: a manifest that always fails would then
+    never be dead-lettered, since its first failures leave the window before the last retry."""
+    retries = options.default_max_retries if max_retries is None else max_retries
+    window = options.failure_count_window if window is None else window
+    total = backoff_total(retries, options)
+    if retries < 1 or total < window:
+        return None
+    return (
+        f"the backoff of {retries} retries ({total}) reaches the failure window ({window}): "
+        "a manifest that always fails would never be dead-lettered; shorten the retry delays "
+        "or widen the window"
+    )

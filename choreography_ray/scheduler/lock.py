@@ -1,0 +1,80 @@
+"""The durable lock of a scheduler scope: one scheduler at a time runs its manifests.
+
+The lock is a lease in storage (`SchedulerStorage.acquire_lease`): taken when free or expired,
+renewed by its holder every third of `lock_ttl`, released when the scheduler closes. A holder is
+one activation of the scheduler actor, so a second cluster's scheduler on the same storage (or
+a restarted actor whose predecessor's lease has not expired) waits until the lease is free.
+
+The lease's expiry is on the database's clock; this process believes it holds the lock only
+until its own monotonic clock says `lock_ttl` has passed since the last renewal *started*, so a
+renewal that fails (storage unreachable) stops this scheduler before the lease can expire and
+another take it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from choreography_ray.storage.scheduler import SchedulerStorage
+
+log = logging.getLogger(__name__)
+
+
+def lock_name(scope: str) -> str:
+    return f"scheduler/{scope}"
+
+
+class SchedulerLock:
+    def __init__(
+        self,
+        storage: SchedulerStorage,
+        scope: str,
+        holder: str,
+        ttl: timedelta,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.storage = storage
+        self.name = lock_name(scope)
+        self.holder = holder
+        self.ttl = ttl
+        self._monotonic = monotonic
+        #: This process's monotonic time until which it holds the lock.
+        self._until = 0.0
+        #: The lease's current holder as last read (for the error of a refused operation).
+        self.other: str | None = None
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between two renewals (or two attempts of a scheduler that waits)."""
+        return self.ttl.total_seconds() / 3
+
+    @property
+    def held(self) -> bool:
+        return self._monotonic() < self._until
+
+    async def keep(self) -> bool:
+        """Acquires or renews the lease; whether this scheduler holds the lock now. A storage
+        error leaves the lock held until it runs out here, and is raised."""
+        started = self._monotonic()
+        was_held = self.held
+        lease = await self.storage.acquire_lease(self.name, self.holder, self.ttl)
+        if lease is None:
+            self._until = 0.0
+            current = await self.storage.get_lease(self.name)
+            self.other = current.holder if current is not None else None
+            if was_held:
+                log.error("%s: lost the lock to %s; its loops stop", self.name, self.other)
+            return False
+        self._until = started + self.ttl.total_seconds()
+        self.other = None
+        if not was_held:
+            log.info("%s: %s holds the lock", self.name, self.holder)
+        return True
+
+    async def release(self) -> None:
+        if self._until:
+            self._until = 0.0
+            await self.storage.release_lease(self.name, self.holder)

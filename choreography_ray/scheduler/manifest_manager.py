@@ -1,0 +1,175 @@
+"""The manifest manager's cycle, carried out against storage and the jobs port.
+
+Per manifest of the scope: read its history (`gather`), settle its runs whose jobs ended
+(RUNNING → SUCCEEDED, FAILED or CANCELLED, `port.run_status_of`), then apply `cycle.plan`:
+queue a work entry (a retry after its delay, on the database's clock) or dead-letter it. A run
+claimed by an earlier activation that died before its job was started (its entry DISPATCHED, the
+run still QUEUED) is handed back to the dispatcher as a dispatch that never reached the jobs
+manager. Each cycle also deletes resolved dead letters older than `dead_letter_retention`.
+A manifest whose turn fails is logged by name and holds up no other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
+from typing import Any
+
+from choreography_ray.scheduler import cycle
+from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue
+from choreography_ray.scheduler.options import SchedulerOptions
+from choreography_ray.scheduler.port import JobsPort, run_status_of
+from choreography_ray.scheduler.records import (
+    DeadLetter,
+    Manifest,
+    ManifestRun,
+    WorkEntry,
+    new_id,
+)
+from choreography_ray.scheduler.status import EntryKind, RunStatus, WorkStatus
+from choreography_ray.storage.scheduler import Enqueued, SchedulerStorage
+
+log = logging.getLogger(__name__)
+
+#: Runs of a manifest (and of its parent) read per cycle, newest first: more than any failure
+#: window holds in a row before a dead letter.
+HISTORY_RUNS = 100
+
+#: Hands a claimed run back to the dispatcher as a failed dispatch (entry, run, why).
+Unclaim = Callable[[WorkEntry, ManifestRun, str], Coroutine[Any, Any, None]]
+
+
+async def gather(storage: SchedulerStorage, manifest: Manifest) -> History:
+    """What `cycle.plan` and `cycle.trigger` read about `manifest`."""
+    scope, name = manifest.scope, manifest.name
+    runs = await storage.list_runs(scope, name, HISTORY_RUNS)
+    parent_runs: list[ManifestRun] = []
+    if manifest.parent is not None:
+        parent_runs = await storage.list_runs(scope, manifest.parent, HISTORY_RUNS)
+    latest = cycle.latest_finished(runs)
+    decisions = {}
+    if latest is not None and latest.status is RunStatus.FAILED:
+        decisions[latest.id] = await storage.count_decisions(latest.id)
+    return History(
+        runs=runs,
+        dead_letters=await storage.list_dead_letters(scope, name),
+        queued=await storage.queued_entries(scope, name),
+        parent_runs=parent_runs,
+        decisions=decisions,
+    )
+
+
+def new_run(
+    manifest: Manifest,
+    kind: EntryKind,
+    now: datetime,
+    *,
+    source: ManifestRun | None = None,
+    **links: Any,
+) -> tuple[WorkEntry, ManifestRun]:
+    """A run of `manifest` (or again of `source`'s job type and request) and its work entry.
+    `links`: `occurrence`, `parent_run`, `is_retry`, `replays`, `resume_from`."""
+    resume_from = links.pop("resume_from", None)
+    of = source or manifest
+    run_id, entry_id = new_id(), new_id()
+    run = ManifestRun(
+        id=run_id, scope=manifest.scope, manifest=manifest.name, job_type=of.job_type,
+        request=of.request, namespace=of.namespace, entry_id=entry_id, kind=kind, queued_at=now,
+        resumed_from=resume_from, **links,
+    )  # fmt: skip
+    entry = WorkEntry(
+        id=entry_id, scope=manifest.scope, manifest=manifest.name, kind=kind, run_id=run_id,
+        holds_manifest_key=kind.holds_manifest_key, replays=run.replays, resume_from=resume_from,
+    )  # fmt: skip
+    return entry, run
+
+
+class ManifestManager:
+    def __init__(
+        self,
+        scope: str,
+        storage: SchedulerStorage,
+        jobs: JobsPort,
+        options: SchedulerOptions,
+        unclaim: Unclaim,
+    ) -> None:
+        self.scope = scope
+        self.storage = storage
+        self.jobs = jobs
+        self.options = options
+        self.unclaim = unclaim
+        self.cycles = 0
+
+    async def cycle(self) -> None:
+        for manifest in await self.storage.list_manifests(self.scope):
+            try:
+                await self.manifest_turn(manifest)
+            except Exception:
+                log.exception("scheduler/%s: the cycle of manifest %r failed", self.scope,
+                              manifest.name)  # fmt: skip
+        now = await self.storage.now()
+        removed = await self.storage.remove_resolved_dead_letters(
+            now - self.options.dead_letter_retention
+        )
+        if removed:
+            log.info("scheduler/%s: %d resolved dead letter(s) cleaned up", self.scope, removed)
+        self.cycles += 1
+
+    async def manifest_turn(self, manifest: Manifest) -> None:
+        history = await gather(self.storage, manifest)
+        if await self._settle(history.runs):
+            history = await gather(self.storage, manifest)
+        now = await self.storage.now()
+        decided = cycle.plan(manifest, history, self.options, now)
+        if isinstance(decided, Queue):
+            await self.queue(manifest, decided, EntryKind.SCHEDULED, now)
+        elif isinstance(decided, DeadLetterIt):
+            letter = DeadLetter(scope=self.scope, manifest=manifest.name, reason=decided.reason,
+                                retry_count_at_dead_letter=decided.retry_count,
+                                run_id=decided.run_id, dead_lettered_at=now)  # fmt: skip
+            await self.storage.add_dead_letter(letter)
+            log.warning("scheduler/%s: manifest %r dead-lettered: %s", self.scope,
+                        manifest.name, decided.reason)  # fmt: skip
+
+    async def queue(
+        self, manifest: Manifest, decided: Queue, kind: EntryKind, now: datetime
+    ) -> Enqueued:
+        entry, run = new_run(
+            manifest, kind, now, occurrence=decided.occurrence, parent_run=decided.parent_run,
+            is_retry=decided.is_retry, replays=decided.replays, resume_from=decided.resume_from,
+        )  # fmt: skip
+        done = await self.storage.enqueue(entry, run, decided.delay)
+        if done.replay_dropped:
+            log.info("scheduler/%s: %s's retry asks afresh: another entry replays %s",
+                     self.scope, manifest.name, decided.replays)  # fmt: skip
+        return done
+
+    async def _settle(self, runs: Sequence[ManifestRun]) -> bool:
+        """Settles the runs whose jobs ended, and hands back runs an earlier activation claimed
+        but never started; whether anything changed."""
+        changed = False
+        running = [r for r in runs if r.status is RunStatus.RUNNING and r.job_id is not None]
+        if running:
+            views = await self.jobs.job_views([r.job_id for r in running if r.job_id])
+            now = await self.storage.now()
+            for run in running:
+                assert run.job_id is not None
+                status = run_status_of(views.get(run.job_id))
+                if status is None:
+                    continue
+                error = None if run.job_id in views else f"its job {run.job_id} was removed"
+                await self.storage.save_run(
+                    run.model_copy(update={"status": status, "ended_at": now, "error": error})
+                )
+                changed = True
+        for run in runs:
+            waiting = run.status in (RunStatus.QUEUED, RunStatus.DISPATCH_REQUEUED)
+            if not waiting or run.entry_id is None:
+                continue
+            entry = await self.storage.get_entry(run.entry_id)
+            if entry is not None and entry.status is WorkStatus.DISPATCHED:
+                await self.unclaim(entry, run, "claimed by a scheduler that stopped before "
+                                   "its job was started")  # fmt: skip
+                changed = True
+        return changed

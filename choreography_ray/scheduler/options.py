@@ -1,0 +1,44 @@
+"""`SchedulerOptions` (on `JobsOptions.scheduler`): the loops, retries and dead letters."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from choreography_ray.durations import Duration
+
+
+class SchedulerOptions(BaseModel):
+    """Durations are `timedelta`; plain numbers read as seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: How often the manifest manager decides what is due and queues work entries.
+    manifest_cycle: Duration = timedelta(seconds=5)
+    #: How often the dispatcher claims due work entries and starts their runs.
+    dispatch_interval: Duration = timedelta(seconds=2)
+    #: The delay of the first retry of a failed run; zero stores no `scheduled_at`.
+    default_retry_delay: Duration = timedelta(minutes=5)
+    #: Each further counted failure multiplies the retry delay by this.
+    retry_backoff_multiplier: float = Field(default=2.0, ge=1.0)
+    #: The longest retry delay.
+    max_retry_delay: Duration = timedelta(hours=1)
+    #: Failures count toward a dead letter only while they started this recently (a manifest's
+    #: own `failure_window` overrides it).
+    failure_count_window: Duration = timedelta(hours=24)
+    #: Retries after the first run, for a manifest that states none.
+    default_max_retries: int = Field(default=3, ge=0)
+    #: Dispatch attempts of one entry before its run counts as one failed run.
+    max_dispatch_attempts: int = Field(default=5, ge=1)
+    #: The first dispatch retry's delay; each further one doubles it.
+    dispatch_retry_delay: Duration = timedelta(seconds=5)
+    #: The longest delay between two dispatch attempts.
+    max_dispatch_retry_delay: Duration = timedelta(minutes=5)
+    #: A recorded decision replays into a retry only while it is younger than this.
+    replay_answers_for: Duration = timedelta(hours=24)
+    #: Resolved dead letters older than this are deleted.
+    dead_letter_retention: Duration = timedelta(days=30)
+    #: How long the scope's lock lasts without a renewal; it is renewed every third of this.
+    #: A scheduler that dies is replaced by another cluster's after at most this long.
+    lock_ttl: Duration = timedelta(seconds=30)

@@ -1,0 +1,61 @@
+"""What the scheduler needs of the job system: the jobs port, and how a job's end settles a run.
+
+The scheduler's core starts each run as a job and reads the jobs' statuses through a small
+injected `JobsPort`; the Ray shell implements it with the jobs manager of each manifest's
+namespace, the unit tests with a fake. A start that fails raises `DispatchError`, which says
+whether the jobs manager was reached: one that never was (the actor could not be reached,
+storage refused the job) is requeued with the dispatch backoff; one the manager refused (an
+unknown job type, a request that does not validate) is a failed run at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from choreography_ray.scheduler.status import RunStatus
+from choreography_ray.status import JobStatus
+
+
+class DispatchError(Exception):
+    """A run's job could not be started. `reached`: the jobs manager was reached and refused
+    the job (a failed run); otherwise the dispatch is requeued."""
+
+    def __init__(self, message: str, *, reached: bool) -> None:
+        super().__init__(message)
+        self.reached = reached
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What the scheduler reads of a run's job."""
+
+    status: JobStatus
+    #: A stop is final: every running step reported its stop.
+    stop_finalized: bool = False
+
+
+class JobsPort(Protocol):
+    async def start_job(
+        self, scope: str, namespace: str, job_type: str, request: dict[str, Any]
+    ) -> str:
+        """Starts a job of `job_type` (an import path) in (scope, namespace); its id. Raises
+        `DispatchError`."""
+
+    async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
+        """The jobs' statuses; a job that no longer exists (removed) is left out."""
+
+
+def run_status_of(view: JobView | None) -> RunStatus | None:
+    """The status a run settles at when its job is `view` (None: the job was removed), or
+    None while the job has not ended."""
+    if view is None:
+        return RunStatus.CANCELLED
+    if view.status is JobStatus.COMPLETED_SUCCESSFULLY:
+        return RunStatus.SUCCEEDED
+    if view.status in (JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED):
+        return RunStatus.FAILED
+    if view.status is JobStatus.STOPPED and view.stop_finalized:
+        return RunStatus.CANCELLED
+    return None

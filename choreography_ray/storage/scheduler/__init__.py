@@ -1,0 +1,290 @@
+"""The scheduler's storage: a small protocol of its own beside `Storage`, kept by companions of
+the three providers that share their connection (`scheduler_storage(storage)`).
+
+Stored layout (MongoDB collections; SQLite tables of the same names; each record is the JSON of
+its model in `choreography_ray.scheduler.records`, the fields below are also keys or indexed):
+
+    manifests       key (scope, name). An upsert writes the definition (job_type, request,
+                    schedule, namespace) always, and of the settings (max_retries,
+                    failure_window, replay_decisions_on_retry, enabled) only those stated in
+                    code; an unstated one keeps its stored value (new: its default).
+    work_queue      key id. scope, manifest, status, holds_manifest_key, replays, resume_from,
+                    scheduled_at, created_at. While QUEUED, at most one entry per manifest that
+                    holds the manifest key, one per replayed run and one per resumed run:
+                    unique partial indexes in SQLite, keyed marker documents in MongoDB
+                    (`work_queue_keys`). Index (scope, status, scheduled_at) for the claim.
+    runs            key id. scope, manifest, status, replays, queued_at. Indexes (scope,
+                    manifest, queued_at), (scope, queued_at), (replays).
+    dead_letters    key id. scope, manifest, status, resolved_at. Indexes (scope, manifest,
+                    status), (status, resolved_at).
+    decisions       key (run_id, decision key): the first answer recorded for a key stays.
+    checkpoints     key (run_id, stage).
+    scheduler_locks key name ("scheduler/{scope}"): holder, acquired_at, expires_at (the
+                    database's clock). One holder at a time: the durable lock of a scope.
+
+`scheduled_at` is the database's time plus the delay (`now()` is the database's clock); a zero
+delay stores none, and an entry without one is due at once. `claim_due` is atomic: of two
+dispatchers claiming at once, each entry goes to one.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from choreography_ray.scheduler.records import (
+    DEFINITION,
+    SETTINGS,
+    Checkpoint,
+    DeadLetter,
+    Decision,
+    Manifest,
+    ManifestRun,
+    SchedulerLease,
+    WorkEntry,
+)
+from choreography_ray.scheduler.status import DeadLetterStatus
+from choreography_ray.storage import Storage
+
+
+class QueueKey(enum.StrEnum):
+    """A unique key a queued entry holds."""
+
+    #: One queued entry per manifest (entries whose kind holds it: the cycle's and triggers).
+    MANIFEST = "manifest"
+    #: One queued entry per replayed run.
+    REPLAY = "replay"
+    #: One queued entry per resumed run.
+    RESUME = "resume"
+
+
+class Refusal(enum.StrEnum):
+    """Why `enqueue` queued nothing."""
+
+    #: Another entry of the manifest is queued (the manifest key is taken).
+    MANIFEST_ALREADY_QUEUED = "ManifestAlreadyQueued"
+    #: Another entry resumes the same run, and the caller refuses rather than run from the top.
+    RESUME_ALREADY_QUEUED = "ResumeAlreadyQueued"
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """What `enqueue` did. A replay link another queued entry holds is dropped (the entry asks
+    afresh); so is a resume link, unless the caller refuses."""
+
+    entry: WorkEntry | None
+    run: ManifestRun | None
+    refused: Refusal | None = None
+    replay_dropped: bool = False
+    resume_dropped: bool = False
+
+
+def entry_keys(entry: WorkEntry) -> dict[QueueKey, str]:
+    """The unique keys `entry` holds while queued, each as one string."""
+    keys: dict[QueueKey, str] = {}
+    if entry.holds_manifest_key:
+        keys[QueueKey.MANIFEST] = f"{entry.scope}/{entry.manifest}"
+    if entry.replays is not None:
+        keys[QueueKey.REPLAY] = entry.replays
+    if entry.resume_from is not None:
+        keys[QueueKey.RESUME] = entry.resume_from
+    return keys
+
+
+def settle_keys(
+    entry: WorkEntry, run: ManifestRun, taken: Collection[QueueKey], refuse_resume: bool
+) -> Enqueued:
+    """What to queue when other queued entries hold the keys in `taken`."""
+    if QueueKey.MANIFEST in taken:
+        return Enqueued(None, None, Refusal.MANIFEST_ALREADY_QUEUED)
+    if QueueKey.RESUME in taken and refuse_resume:
+        return Enqueued(None, None, Refusal.RESUME_ALREADY_QUEUED)
+    drop_replay, drop_resume = QueueKey.REPLAY in taken, QueueKey.RESUME in taken
+    replays = None if drop_replay else entry.replays
+    resume_from = None if drop_resume else entry.resume_from
+    # The run carries the links its entry keeps.
+    return Enqueued(
+        entry.model_copy(update={"replays": replays, "resume_from": resume_from}),
+        run.model_copy(update={"replays": replays, "resumed_from": resume_from}),
+        replay_dropped=drop_replay,
+        resume_dropped=drop_resume,
+    )
+
+
+def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
+    """The fields of an entry queued again that give up the keys another entry took."""
+    fields = {QueueKey.MANIFEST: ("holds_manifest_key", False), QueueKey.REPLAY: ("replays", None),
+              QueueKey.RESUME: ("resume_from", None)}  # fmt: skip
+    return dict(fields[k] for k in taken)
+
+
+def lease_for(
+    stored: SchedulerLease | None, name: str, holder: str, ttl: timedelta, now: datetime
+) -> SchedulerLease | None:
+    """The lease `acquire_lease` writes: a new one when none is stored or the stored one has
+    expired, the stored one extended when `holder` holds it; None when another holds it."""
+    if stored is not None and stored.holder != holder and stored.expires_at > now:
+        return None
+    acquired = stored.acquired_at if stored is not None and stored.holder == holder else now
+    return SchedulerLease(name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl)
+
+
+def merge_manifest(
+    stored: Manifest | None, manifest: Manifest, stated: Collection[str]
+) -> Manifest:
+    """The manifest an upsert stores: `manifest` when new; else the stored one with the
+    definition, `updated` and the stated settings of `manifest` (the spec's seeding rule)."""
+    if stored is None:
+        return manifest
+    fields = DEFINITION | (SETTINGS & set(stated)) | {"updated"}
+    return stored.model_copy(update={f: getattr(manifest, f) for f in fields})
+
+
+@runtime_checkable
+class SchedulerStorage(Protocol):
+    """What the scheduler needs from a database. Every method is a coroutine."""
+
+    async def now(self) -> datetime:
+        """The database's clock, in UTC."""
+
+    # manifests
+    async def upsert_manifest(self, manifest: Manifest, stated: Collection[str]) -> Manifest:
+        """Insert `manifest`, or update the stored one: its definition, `updated`, and of its
+        settings only those named in `stated`. Returns the stored manifest."""
+
+    async def get_manifest(self, scope: str, name: str) -> Manifest | None: ...
+
+    async def list_manifests(self, scope: str) -> list[Manifest]:
+        """By name."""
+
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        """Every (scope, namespace) a manifest of any scope runs in, sorted: what recovery
+        needs to resume scheduled runs, and the scopes whose schedulers it brings back."""
+
+    async def set_replay_decisions_on_retry(
+        self, scope: str, names: Collection[str], value: bool
+    ) -> int:
+        """Sets the flag; turning it off also clears the replay link of the manifests' queued
+        entries that hold the manifest key (and of their runs), in the same write. Returns how
+        many links it cleared."""
+
+    # work queue
+    async def enqueue(
+        self,
+        entry: WorkEntry,
+        run: ManifestRun,
+        delay: timedelta = timedelta(0),
+        *,
+        refuse_resume: bool = False,
+    ) -> Enqueued:
+        """Queues `entry` and stores `run` (QUEUED) with it, `scheduled_at` the database's time
+        plus `delay` (none for a zero delay). The unique keys decide the loser (see `Enqueued`)."""
+
+    async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
+        """Atomically moves due QUEUED entries of the scope to DISPATCHED (oldest first),
+        stamping `dispatched_at` on the database's clock and counting the attempt."""
+
+    async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
+        """A trigger: the QUEUED entry is due at once (and asks afresh with `clear_link`, on its
+        run too). None when it is no longer queued (the dispatcher claimed it first)."""
+
+    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+        """A DISPATCHED entry whose dispatch failed is QUEUED again after `delay`. Keys another
+        entry took meanwhile are given up (the entry stays queued without them)."""
+
+    async def cancel_entry(self, entry_id: str) -> bool:
+        """A QUEUED entry is CANCELLED; False when it was not queued."""
+
+    async def get_entry(self, entry_id: str) -> WorkEntry | None: ...
+
+    async def queued_entries(self, scope: str, manifest: str | None = None) -> list[WorkEntry]:
+        """QUEUED entries, oldest first."""
+
+    # runs
+    async def save_run(self, run: ManifestRun) -> None:
+        """Insert or replace."""
+
+    async def get_run(self, run_id: str) -> ManifestRun | None: ...
+
+    async def list_runs(
+        self, scope: str, manifest: str | None = None, limit: int = 100
+    ) -> list[ManifestRun]:
+        """Newest (by `queued_at`) first."""
+
+    async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
+        """Every run, in any state, whose `replays` is `run_id`."""
+
+    # dead letters
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> None: ...
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None: ...
+
+    async def list_dead_letters(
+        self, scope: str, manifest: str | None = None, status: DeadLetterStatus | None = None
+    ) -> list[DeadLetter]:
+        """Newest first."""
+
+    async def resolve_dead_letter(
+        self, dead_letter_id: str, status: DeadLetterStatus, note: str | None = None
+    ) -> DeadLetter | None:
+        """An AWAITING_INTERVENTION dead letter becomes `status`, resolved now (the database's
+        clock); None when it is not awaiting (resolved by someone else, or unknown)."""
+
+    async def remove_resolved_dead_letters(self, before: datetime) -> int:
+        """Deletes dead letters resolved before `before`; returns how many."""
+
+    # decisions and checkpoints
+    async def record_decision(self, decision: Decision) -> Decision:
+        """Stores the answer unless the run recorded one for the key; returns the stored one."""
+
+    async def list_decisions(self, run_id: str) -> list[Decision]: ...
+
+    async def count_decisions(self, run_id: str) -> int: ...
+
+    async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Insert or replace (run_id, stage)."""
+
+    async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """By stage."""
+
+    # the scope's lock
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        """Takes the lease `name` for `holder` until the database's now plus `ttl` when it is
+        free or expired, or renews it when `holder` holds it; None when another holder holds
+        it and it has not expired. Atomic: of two holders acquiring at once, one wins."""
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        """Deletes the lease when `holder` holds it; False otherwise."""
+
+    async def get_lease(self, name: str) -> SchedulerLease | None: ...
+
+
+def scheduler_storage(storage: Storage) -> SchedulerStorage:
+    """The scheduler's storage on `storage`'s database: one companion per provider instance."""
+    existing: SchedulerStorage | None = getattr(storage, "_scheduler_storage", None)
+    if existing is not None:
+        return existing
+    from choreography_ray.storage.memory import MemoryStorage
+    from choreography_ray.storage.sqlite import SqliteStorage
+
+    companion: SchedulerStorage
+    if isinstance(storage, MemoryStorage):
+        from choreography_ray.storage.scheduler.memory import MemorySchedulerStorage
+
+        companion = MemorySchedulerStorage()
+    elif isinstance(storage, SqliteStorage):
+        from choreography_ray.storage.scheduler.sqlite import SqliteSchedulerStorage
+
+        companion = SqliteSchedulerStorage(storage)
+    else:
+        from choreography_ray.storage.mongodb import MongoStorage
+        from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
+
+        if not isinstance(storage, MongoStorage):
+            raise TypeError(f"no scheduler storage for {type(storage).__name__}")
+        companion = MongoSchedulerStorage(storage)
+    setattr(storage, "_scheduler_storage", companion)  # noqa: B010 (not in the protocol)
+    return companion

@@ -1,0 +1,249 @@
+"""The scheduler's records in process memory: the reference for the contract.
+
+Dicts of immutable records. Each method runs without an await between its reads and writes, so
+on one event loop it is atomic: two claims of one entry cannot both win, and the unique keys of
+queued entries are checked and taken in one step. `clock` is the database's clock (injectable,
+so tests can move time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import datetime, timedelta
+
+from choreography_ray.model import utcnow
+from choreography_ray.scheduler.records import (
+    Checkpoint,
+    DeadLetter,
+    Decision,
+    Manifest,
+    ManifestRun,
+    SchedulerLease,
+    WorkEntry,
+)
+from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
+from choreography_ray.storage.scheduler import (
+    Enqueued,
+    QueueKey,
+    entry_keys,
+    given_up_keys,
+    lease_for,
+    merge_manifest,
+    settle_keys,
+)
+
+
+class MemorySchedulerStorage:
+    def __init__(self, clock: Callable[[], datetime] = utcnow) -> None:
+        self.clock = clock
+        self.manifests: dict[tuple[str, str], Manifest] = {}
+        self.entries: dict[str, WorkEntry] = {}
+        self.runs: dict[str, ManifestRun] = {}
+        self.dead_letters: dict[str, DeadLetter] = {}
+        self.decisions: dict[tuple[str, str], Decision] = {}
+        self.checkpoints: dict[tuple[str, int], Checkpoint] = {}
+        self.leases: dict[str, SchedulerLease] = {}
+
+    async def now(self) -> datetime:
+        return self.clock()
+
+    async def upsert_manifest(self, manifest: Manifest, stated: Collection[str]) -> Manifest:
+        key = (manifest.scope, manifest.name)
+        stored = self.manifests[key] = merge_manifest(self.manifests.get(key), manifest, stated)
+        return stored
+
+    async def get_manifest(self, scope: str, name: str) -> Manifest | None:
+        return self.manifests.get((scope, name))
+
+    async def list_manifests(self, scope: str) -> list[Manifest]:
+        return sorted((m for m in self.manifests.values() if m.scope == scope),
+                      key=lambda m: m.name)  # fmt: skip
+
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        return sorted({(m.scope, m.namespace) for m in self.manifests.values()})
+
+    async def set_replay_decisions_on_retry(
+        self, scope: str, names: Collection[str], value: bool
+    ) -> int:
+        for name in names:
+            if (manifest := self.manifests.get((scope, name))) is not None:
+                update = {"replay_decisions_on_retry": value}
+                self.manifests[scope, name] = manifest.model_copy(update=update)
+        if value:
+            return 0
+        cleared = [e for e in self.entries.values() if e.status is WorkStatus.QUEUED
+                   and e.scope == scope and e.manifest in names and e.holds_manifest_key
+                   and e.replays is not None]  # fmt: skip
+        for entry in cleared:
+            self._unlink(entry)
+        return len(cleared)
+
+    def _unlink(self, entry: WorkEntry) -> WorkEntry:
+        entry = self.entries[entry.id] = entry.model_copy(update={"replays": None})
+        if (run := self.runs.get(entry.run_id)) is not None:
+            self.runs[run.id] = run.model_copy(update={"replays": None})
+        return entry
+
+    async def enqueue(
+        self,
+        entry: WorkEntry,
+        run: ManifestRun,
+        delay: timedelta = timedelta(0),
+        *,
+        refuse_resume: bool = False,
+    ) -> Enqueued:
+        taken = self._taken(entry)
+        result = settle_keys(entry, run, taken, refuse_resume)
+        if result.entry is None or result.run is None:
+            return result
+        now = self.clock()
+        scheduled = now + delay if delay > timedelta(0) else None
+        queued = result.entry.model_copy(update={
+            "status": WorkStatus.QUEUED, "created_at": now, "scheduled_at": scheduled,
+            "run_id": result.run.id,
+        })  # fmt: skip
+        self.entries[queued.id] = queued
+        self.runs[result.run.id] = result.run
+        return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
+
+    def _taken(self, entry: WorkEntry, besides: str = "") -> set[QueueKey]:
+        wanted = entry_keys(entry)
+        held = {
+            (kind, value)
+            for other in self.entries.values()
+            if other.status is WorkStatus.QUEUED and other.id != besides
+            for kind, value in entry_keys(other).items()
+        }
+        return {kind for kind, value in wanted.items() if (kind, value) in held}
+
+    async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
+        now = self.clock()
+        due = [e for e in self.entries.values() if e.scope == scope
+               and e.status is WorkStatus.QUEUED
+               and (e.scheduled_at is None or e.scheduled_at <= now)]  # fmt: skip
+        due.sort(key=lambda e: (e.scheduled_at or e.created_at, e.created_at))
+        claimed = []
+        for entry in due[:limit]:
+            claimed.append(entry.model_copy(update={
+                "status": WorkStatus.DISPATCHED, "dispatched_at": now,
+                "dispatch_attempts": entry.dispatch_attempts + 1,
+            }))  # fmt: skip
+            self.entries[entry.id] = claimed[-1]
+        return claimed
+
+    async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
+        entry = self.entries.get(entry_id)
+        if entry is None or entry.status is not WorkStatus.QUEUED:
+            return None
+        if clear_link and entry.replays is not None:
+            entry = self._unlink(entry)
+        entry = self.entries[entry_id] = entry.model_copy(update={"scheduled_at": None})
+        return entry
+
+    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+        entry = self.entries.get(entry_id)
+        if entry is None or entry.status is not WorkStatus.DISPATCHED:
+            return None
+        taken = self._taken(entry, besides=entry_id)
+        update: dict[str, object] = {
+            "status": WorkStatus.QUEUED,
+            "scheduled_at": self.clock() + delay if delay > timedelta(0) else None,
+        }
+        update.update(given_up_keys(taken))
+        entry = self.entries[entry_id] = entry.model_copy(update=update)
+        return entry
+
+    async def cancel_entry(self, entry_id: str) -> bool:
+        entry = self.entries.get(entry_id)
+        if entry is None or entry.status is not WorkStatus.QUEUED:
+            return False
+        self.entries[entry_id] = entry.model_copy(update={"status": WorkStatus.CANCELLED})
+        return True
+
+    async def get_entry(self, entry_id: str) -> WorkEntry | None:
+        return self.entries.get(entry_id)
+
+    async def queued_entries(self, scope: str, manifest: str | None = None) -> list[WorkEntry]:
+        found = [e for e in self.entries.values() if e.scope == scope
+                 and e.status is WorkStatus.QUEUED
+                 and (manifest is None or e.manifest == manifest)]  # fmt: skip
+        return sorted(found, key=lambda e: e.created_at)
+
+    async def save_run(self, run: ManifestRun) -> None:
+        self.runs[run.id] = run
+
+    async def get_run(self, run_id: str) -> ManifestRun | None:
+        return self.runs.get(run_id)
+
+    async def list_runs(
+        self, scope: str, manifest: str | None = None, limit: int = 100
+    ) -> list[ManifestRun]:
+        found = [r for r in self.runs.values()
+                 if r.scope == scope and (manifest is None or r.manifest == manifest)]  # fmt: skip
+        return sorted(found, key=lambda r: r.queued_at, reverse=True)[:limit]
+
+    async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
+        return [r for r in self.runs.values() if r.replays == run_id]
+
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+        self.dead_letters[dead_letter.id] = dead_letter
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        return self.dead_letters.get(dead_letter_id)
+
+    async def list_dead_letters(
+        self, scope: str, manifest: str | None = None, status: DeadLetterStatus | None = None
+    ) -> list[DeadLetter]:
+        found = [d for d in self.dead_letters.values() if d.scope == scope
+                 and (manifest is None or d.manifest == manifest)
+                 and (status is None or d.status is status)]  # fmt: skip
+        return sorted(found, key=lambda d: d.dead_lettered_at, reverse=True)
+
+    async def resolve_dead_letter(
+        self, dead_letter_id: str, status: DeadLetterStatus, note: str | None = None
+    ) -> DeadLetter | None:
+        letter = self.dead_letters.get(dead_letter_id)
+        if letter is None or letter.status.is_resolved:
+            return None
+        update = {"status": status, "resolved_at": self.clock(), "note": note}
+        letter = self.dead_letters[dead_letter_id] = letter.model_copy(update=update)
+        return letter
+
+    async def remove_resolved_dead_letters(self, before: datetime) -> int:
+        old = [d.id for d in self.dead_letters.values()
+               if d.resolved_at is not None and d.resolved_at < before]  # fmt: skip
+        for letter_id in old:
+            del self.dead_letters[letter_id]
+        return len(old)
+
+    async def record_decision(self, decision: Decision) -> Decision:
+        return self.decisions.setdefault((decision.run_id, decision.key), decision)
+
+    async def list_decisions(self, run_id: str) -> list[Decision]:
+        return [d for (r, _), d in self.decisions.items() if r == run_id]
+
+    async def count_decisions(self, run_id: str) -> int:
+        return len(await self.list_decisions(run_id))
+
+    async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.checkpoints[checkpoint.run_id, checkpoint.stage] = checkpoint
+
+    async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        return sorted((c for (r, _), c in self.checkpoints.items() if r == run_id),
+                      key=lambda c: c.stage)  # fmt: skip
+
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        lease = lease_for(self.leases.get(name), name, holder, ttl, self.clock())
+        if lease is not None:
+            self.leases[name] = lease
+        return lease
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        lease = self.leases.get(name)
+        if lease is None or lease.holder != holder:
+            return False
+        del self.leases[name]
+        return True
+
+    async def get_lease(self, name: str) -> SchedulerLease | None:
+        return self.leases.get(name)

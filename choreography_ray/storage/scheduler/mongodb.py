@@ -1,0 +1,481 @@
+"""The scheduler's collections in the MongoDB provider's database, on its client and threads.
+
+Collections (each document is the record's JSON with `_id`; top-level times are fixed-width
+UTC ISO-8601 strings, which sort as the instants do, as in the provider):
+
+    manifests         `_id` '["{scope}", "{name}"]'. Index (scope, name).
+    work_queue        `_id` entry id. Indexes (scope, status, scheduled_at), (scope, manifest).
+    work_queue_keys   one marker per unique key a QUEUED entry holds: `_id` "manifest/{scope}/
+                      {name}", "replay/{run_id}" or "resume/{run_id}"; entry_id, created. The
+                      unique `_id` is the one-queued-entry rule (nx-27017 has no partial index).
+    runs              `_id` run id. Indexes (scope, manifest, queued_at), (scope, queued_at),
+                      (replays).
+    dead_letters      `_id` id. Indexes (scope, manifest, status), (status, resolved_at).
+    decisions         `_id` "{run_id}/{key}". Index (run_id).
+    checkpoints       `_id` "{run_id}/{stage}". Index (run_id, stage).
+    scheduler_locks   `_id` lease name ("scheduler/{scope}"). Taken by an insert (a second
+                      insert fails on `_id`), renewed or taken over by a `replace_one` filtered
+                      on the holder and expiry read just before: a compare-and-swap.
+
+A marker is inserted before its entry and deleted after the entry leaves QUEUED (claimed,
+cancelled, or its link cleared). A process that dies in between leaves a stale marker: one whose
+entry is no longer queued, or (after `STALE_MARKER_SECONDS`) was never written, is taken over by
+the next writer of that key. A claim is a `find_one_and_update` filtered on status QUEUED, so of
+two dispatchers one wins each entry. The database's clock is the server's `hello.localTime`
+(no `$$NOW`: nx rejects update pipelines); a server without it falls back to this process's
+clock. Without transactions, the opt-out clears each queued link with its own conditional write;
+the dispatcher checks the flag again when it claims an entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pymongo import ReturnDocument
+from pymongo import errors as mongo
+from pymongo.database import Database
+
+from choreography_ray.errors import CorruptRecordError
+from choreography_ray.model import check_schema_version, utcnow
+from choreography_ray.scheduler.records import (
+    DEFINITION,
+    SETTINGS,
+    Checkpoint,
+    DeadLetter,
+    Decision,
+    Manifest,
+    ManifestRun,
+    SchedulerLease,
+    WorkEntry,
+)
+from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
+from choreography_ray.storage.mongodb import MongoStorage
+from choreography_ray.storage.scheduler import (
+    Enqueued,
+    QueueKey,
+    entry_keys,
+    given_up_keys,
+    lease_for,
+    settle_keys,
+)
+
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
+Doc = dict[str, Any]
+
+#: A marker whose entry was never written is taken over after this many seconds.
+STALE_MARKER_SECONDS = 60.0
+_INDEXES = {
+    "manifests": ["scope name"],
+    "work_queue": ["scope status scheduled_at", "scope manifest"],
+    "runs": ["scope manifest queued_at", "scope queued_at", "replays"],
+    "dead_letters": ["scope manifest status", "status resolved_at"],
+    "decisions": ["run_id"],
+    "checkpoints": ["run_id stage"],
+}
+_QUEUED = WorkStatus.QUEUED.value
+
+
+def _iso(at: datetime) -> str:
+    aware = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _doc(record: BaseModel, key: str) -> Doc:
+    doc: Doc = record.model_dump(mode="json")
+    for name in type(record).model_fields:
+        if isinstance(value := getattr(record, name), datetime):
+            doc[name] = _iso(value)
+    doc["_id"] = key
+    return doc
+
+
+def _parse(model: type[_M], collection: str, doc: Doc | None) -> _M | None:
+    if doc is None:
+        return None
+    key = str(doc.pop("_id", "?"))
+    check_schema_version(collection, key, doc.get("schema_version"))
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        raise CorruptRecordError(collection, key, str(exc)) from exc
+
+
+def _parse_all(model: type[_M], collection: str, docs: list[Doc]) -> list[_M]:
+    return [r for d in docs if (r := _parse(model, collection, d)) is not None]
+
+
+def _manifest_id(scope: str, name: str) -> str:
+    return json.dumps([scope, name])
+
+
+def _server_now(db: Database[Doc]) -> datetime:
+    local = db.command("hello").get("localTime")
+    if not isinstance(local, datetime):
+        return utcnow()
+    return local if local.tzinfo is not None else local.replace(tzinfo=UTC)
+
+
+def _marker_id(kind: QueueKey, value: str) -> str:
+    return f"{kind.value}/{value}"
+
+
+def _take_key(db: Database[Doc], marker: str, entry_id: str, now: datetime) -> bool:
+    """Inserts the key's marker for `entry_id`; a stale marker is taken over. False when a
+    queued entry holds the key."""
+    for _ in range(2):
+        try:
+            db.work_queue_keys.insert_one({"_id": marker, "entry_id": entry_id,
+                                           "created": _iso(now)})  # fmt: skip
+            return True
+        except mongo.DuplicateKeyError:
+            held = db.work_queue_keys.find_one({"_id": marker}) or {}
+            holder = db.work_queue.find_one({"_id": held.get("entry_id")}, {"status": 1})
+            if holder is not None and holder.get("status") == _QUEUED:
+                return False
+            created = datetime.fromisoformat(str(held.get("created", _iso(now))))
+            if holder is None and (now - created).total_seconds() < STALE_MARKER_SECONDS:
+                return False
+            db.work_queue_keys.delete_one({"_id": marker, "entry_id": held.get("entry_id")})
+    return False
+
+
+def _take_keys(
+    db: Database[Doc], entry: WorkEntry, now: datetime
+) -> tuple[set[QueueKey], list[str]]:
+    """The keys of `entry` others hold, and the markers taken for it."""
+    taken: set[QueueKey] = set()
+    markers: list[str] = []
+    for kind, value in entry_keys(entry).items():
+        marker = _marker_id(kind, value)
+        if _take_key(db, marker, entry.id, now):
+            markers.append(marker)
+        else:
+            taken.add(kind)
+    return taken, markers
+
+
+def _drop_keys(db: Database[Doc], entry_id: str, markers: Collection[str] | None = None) -> None:
+    query: Doc = {"entry_id": entry_id}
+    if markers is not None:
+        query["_id"] = {"$in": list(markers)}
+    db.work_queue_keys.delete_many(query)
+
+
+def _unlink_run(db: Database[Doc], run_id: str) -> None:
+    db.runs.update_one({"_id": run_id}, {"$set": {"replays": None}})
+
+
+class MongoSchedulerStorage:
+    def __init__(self, storage: MongoStorage) -> None:
+        self.storage = storage
+        self._indexed = False
+
+    async def _run(self, operation: Callable[[Database[Doc]], _T]) -> _T:
+        def run(db: Database[Doc]) -> _T:
+            if not self._indexed:
+                for name, indexes in _INDEXES.items():
+                    for fields in indexes:
+                        db[name].create_index([(f, 1) for f in fields.split()])
+                self._indexed = True
+            return operation(db)
+
+        return await self.storage._run(run)
+
+    async def now(self) -> datetime:
+        return await self._run(_server_now)
+
+    # manifests
+    async def upsert_manifest(self, manifest: Manifest, stated: Collection[str]) -> Manifest:
+        key = _manifest_id(manifest.scope, manifest.name)
+        doc = _doc(manifest, key)
+        written = DEFINITION | (SETTINGS & set(stated)) | {"updated"}
+        change = {
+            "$set": {f: doc[f] for f in written},
+            "$setOnInsert": {f: v for f, v in doc.items() if f not in written and f != "_id"},
+        }
+
+        def upsert(db: Database[Doc]) -> Doc | None:
+            db.manifests.update_one({"_id": key}, change, upsert=True)
+            return db.manifests.find_one({"_id": key})
+
+        stored = _parse(Manifest, "manifests", await self._run(upsert))
+        assert stored is not None
+        return stored
+
+    async def get_manifest(self, scope: str, name: str) -> Manifest | None:
+        key = _manifest_id(scope, name)
+        return _parse(
+            Manifest, "manifests", await self._run(lambda db: db.manifests.find_one({"_id": key}))
+        )
+
+    async def list_manifests(self, scope: str) -> list[Manifest]:
+        docs = await self._run(lambda db: list(db.manifests.find({"scope": scope}).sort("name", 1)))
+        return _parse_all(Manifest, "manifests", docs)
+
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        # nx-27017 has no compound `$group` keys: the (few) manifests' two fields are read.
+        projection = {"scope": 1, "namespace": 1, "_id": 0}
+        docs = await self._run(lambda db: list(db.manifests.find({}, projection)))
+        return sorted({(str(d["scope"]), str(d.get("namespace", "default"))) for d in docs})
+
+    async def set_replay_decisions_on_retry(
+        self, scope: str, names: Collection[str], value: bool
+    ) -> int:
+        def write(db: Database[Doc]) -> int:
+            ids = [_manifest_id(scope, n) for n in names]
+            db.manifests.update_many({"_id": {"$in": ids}},
+                                     {"$set": {"replay_decisions_on_retry": value}})  # fmt: skip
+            if value:
+                return 0
+            query = {"scope": scope, "status": _QUEUED, "holds_manifest_key": True,
+                     "manifest": {"$in": list(names)}, "replays": {"$ne": None}}  # fmt: skip
+            cleared = 0
+            for doc in list(db.work_queue.find(query)):
+                only = {"_id": doc["_id"], "status": _QUEUED, "replays": doc["replays"]}
+                if db.work_queue.update_one(only, {"$set": {"replays": None}}).modified_count:
+                    cleared += 1
+                    _unlink_run(db, doc["run_id"])
+                    _drop_keys(db, doc["_id"], [_marker_id(QueueKey.REPLAY, doc["replays"])])
+            return cleared
+
+        return await self._run(write)
+
+    # work queue
+    async def enqueue(
+        self,
+        entry: WorkEntry,
+        run: ManifestRun,
+        delay: timedelta = timedelta(0),
+        *,
+        refuse_resume: bool = False,
+    ) -> Enqueued:
+        def write(db: Database[Doc]) -> Enqueued:
+            now = _server_now(db)
+            taken, markers = _take_keys(db, entry, now)
+            result = settle_keys(entry, run, taken, refuse_resume)
+            if result.entry is None or result.run is None:
+                _drop_keys(db, entry.id, markers)
+                return result
+            queued = result.entry.model_copy(update={
+                "status": WorkStatus.QUEUED, "created_at": now, "run_id": result.run.id,
+                "scheduled_at": now + delay if delay > timedelta(0) else None,
+            })  # fmt: skip
+            db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
+            db.work_queue.insert_one(_doc(queued, queued.id))
+            return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
+
+        return await self._run(write)
+
+    async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
+        def claim(db: Database[Doc]) -> list[Doc]:
+            now = _iso(_server_now(db))
+            due = {"scope": scope, "status": _QUEUED,
+                   "$or": [{"scheduled_at": None}, {"scheduled_at": {"$lte": now}}]}  # fmt: skip
+            candidates = list(
+                db.work_queue.find(due, {"_id": 1}).sort("created_at", 1).limit(limit)
+            )
+            claimed = []
+            for candidate in candidates:
+                doc = db.work_queue.find_one_and_update(
+                    {"_id": candidate["_id"], "status": _QUEUED},
+                    {"$set": {"status": WorkStatus.DISPATCHED.value, "dispatched_at": now},
+                     "$inc": {"dispatch_attempts": 1}},
+                    return_document=ReturnDocument.AFTER,
+                )  # fmt: skip
+                if doc is not None:
+                    _drop_keys(db, candidate["_id"])
+                    claimed.append(doc)
+            return claimed
+
+        return _parse_all(WorkEntry, "work_queue", await self._run(claim))
+
+    async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
+        def write(db: Database[Doc]) -> Doc | None:
+            change: Doc = {"scheduled_at": None}
+            if clear_link:
+                change["replays"] = None
+            before = db.work_queue.find_one_and_update(
+                {"_id": entry_id, "status": _QUEUED}, {"$set": change}
+            )
+            if before is None:
+                return None
+            if clear_link and before.get("replays") is not None:
+                _unlink_run(db, before["run_id"])
+                _drop_keys(db, entry_id, [_marker_id(QueueKey.REPLAY, before["replays"])])
+            return db.work_queue.find_one({"_id": entry_id})
+
+        return _parse(WorkEntry, "work_queue", await self._run(write))
+
+    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+        def write(db: Database[Doc]) -> Doc | None:
+            entry = _parse(WorkEntry, "work_queue", db.work_queue.find_one({"_id": entry_id}))
+            if entry is None or entry.status is not WorkStatus.DISPATCHED:
+                return None
+            now = _server_now(db)
+            taken, markers = _take_keys(db, entry, now)
+            scheduled = _iso(now + delay) if delay > timedelta(0) else None
+            change = {**given_up_keys(taken), "status": _QUEUED, "scheduled_at": scheduled}
+            only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value}
+            if not db.work_queue.update_one(only, {"$set": change}).matched_count:
+                _drop_keys(db, entry_id, markers)
+                return None
+            return db.work_queue.find_one({"_id": entry_id})
+
+        return _parse(WorkEntry, "work_queue", await self._run(write))
+
+    async def cancel_entry(self, entry_id: str) -> bool:
+        def write(db: Database[Doc]) -> bool:
+            only = {"_id": entry_id, "status": _QUEUED}
+            done = db.work_queue.update_one(only, {"$set": {"status": WorkStatus.CANCELLED.value}})
+            if done.matched_count:
+                _drop_keys(db, entry_id)
+            return bool(done.matched_count)
+
+        return await self._run(write)
+
+    async def get_entry(self, entry_id: str) -> WorkEntry | None:
+        doc = await self._run(lambda db: db.work_queue.find_one({"_id": entry_id}))
+        return _parse(WorkEntry, "work_queue", doc)
+
+    async def queued_entries(self, scope: str, manifest: str | None = None) -> list[WorkEntry]:
+        query: Doc = {"scope": scope, "status": _QUEUED}
+        if manifest is not None:
+            query["manifest"] = manifest
+        order = [("created_at", 1), ("_id", 1)]
+        docs = await self._run(lambda db: list(db.work_queue.find(query).sort(order)))
+        return _parse_all(WorkEntry, "work_queue", docs)
+
+    # runs
+    async def save_run(self, run: ManifestRun) -> None:
+        doc = _doc(run, run.id)
+        await self._run(lambda db: db.runs.replace_one({"_id": run.id}, doc, upsert=True))
+
+    async def get_run(self, run_id: str) -> ManifestRun | None:
+        return _parse(
+            ManifestRun, "runs", await self._run(lambda db: db.runs.find_one({"_id": run_id}))
+        )
+
+    async def list_runs(
+        self, scope: str, manifest: str | None = None, limit: int = 100
+    ) -> list[ManifestRun]:
+        query: Doc = {"scope": scope}
+        if manifest is not None:
+            query["manifest"] = manifest
+        order = [("queued_at", -1), ("_id", -1)]
+        docs = await self._run(lambda db: list(db.runs.find(query).sort(order).limit(limit)))
+        return _parse_all(ManifestRun, "runs", docs)
+
+    async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
+        docs = await self._run(lambda db: list(db.runs.find({"replays": run_id})))
+        return _parse_all(ManifestRun, "runs", docs)
+
+    # dead letters
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+        doc = _doc(dead_letter, dead_letter.id)
+        await self._run(lambda db: db.dead_letters.insert_one(doc))
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        doc = await self._run(lambda db: db.dead_letters.find_one({"_id": dead_letter_id}))
+        return _parse(DeadLetter, "dead_letters", doc)
+
+    async def list_dead_letters(
+        self, scope: str, manifest: str | None = None, status: DeadLetterStatus | None = None
+    ) -> list[DeadLetter]:
+        query: Doc = {"scope": scope}
+        if manifest is not None:
+            query["manifest"] = manifest
+        if status is not None:
+            query["status"] = status.value
+        order = [("dead_lettered_at", -1), ("_id", 1)]
+        docs = await self._run(lambda db: list(db.dead_letters.find(query).sort(order)))
+        return _parse_all(DeadLetter, "dead_letters", docs)
+
+    async def resolve_dead_letter(
+        self, dead_letter_id: str, status: DeadLetterStatus, note: str | None = None
+    ) -> DeadLetter | None:
+        def write(db: Database[Doc]) -> Doc | None:
+            change = {"status": status.value, "resolved_at": _iso(_server_now(db)), "note": note}
+            return db.dead_letters.find_one_and_update(
+                {"_id": dead_letter_id, "status": DeadLetterStatus.AWAITING_INTERVENTION.value},
+                {"$set": change},
+                return_document=ReturnDocument.AFTER,
+            )
+
+        return _parse(DeadLetter, "dead_letters", await self._run(write))
+
+    async def remove_resolved_dead_letters(self, before: datetime) -> int:
+        query = {"resolved_at": {"$ne": None, "$lt": _iso(before)}}
+        done = await self._run(lambda db: db.dead_letters.delete_many(query))
+        return int(done.deleted_count)
+
+    # decisions and checkpoints
+    async def record_decision(self, decision: Decision) -> Decision:
+        key = f"{decision.run_id}/{decision.key}"
+
+        def write(db: Database[Doc]) -> Doc | None:
+            # The first answer for the key stays.
+            with contextlib.suppress(mongo.DuplicateKeyError):
+                db.decisions.insert_one(_doc(decision, key))
+            return db.decisions.find_one({"_id": key})
+
+        stored = _parse(Decision, "decisions", await self._run(write))
+        assert stored is not None
+        return stored
+
+    async def list_decisions(self, run_id: str) -> list[Decision]:
+        docs = await self._run(
+            lambda db: list(db.decisions.find({"run_id": run_id}).sort("_id", 1))
+        )
+        return _parse_all(Decision, "decisions", docs)
+
+    async def count_decisions(self, run_id: str) -> int:
+        return int(await self._run(lambda db: db.decisions.count_documents({"run_id": run_id})))
+
+    async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        key = f"{checkpoint.run_id}/{checkpoint.stage}"
+        doc = _doc(checkpoint, key)
+        await self._run(lambda db: db.checkpoints.replace_one({"_id": key}, doc, upsert=True))
+
+    async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        docs = await self._run(
+            lambda db: list(db.checkpoints.find({"run_id": run_id}).sort("stage", 1))
+        )
+        return _parse_all(Checkpoint, "checkpoints", docs)
+
+    # the scope's lock
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        def write(db: Database[Doc]) -> Doc | None:
+            found = db.scheduler_locks.find_one({"_id": name})
+            stored = _parse(SchedulerLease, "scheduler_locks", dict(found) if found else None)
+            lease = lease_for(stored, name, holder, ttl, _server_now(db))
+            if lease is None:
+                return None
+            doc = _doc(lease, name)
+            if found is None:
+                try:
+                    db.scheduler_locks.insert_one(doc)
+                except mongo.DuplicateKeyError:
+                    return None  # another holder took it first
+                return doc
+            swapped = db.scheduler_locks.replace_one(
+                {"_id": name, "holder": found["holder"], "expires_at": found["expires_at"]}, doc
+            )
+            return doc if swapped.matched_count == 1 else None
+
+        return _parse(SchedulerLease, "scheduler_locks", await self._run(write))
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        done = await self._run(
+            lambda db: db.scheduler_locks.delete_one({"_id": name, "holder": holder})
+        )
+        return int(done.deleted_count) == 1
+
+    async def get_lease(self, name: str) -> SchedulerLease | None:
+        doc = await self._run(lambda db: db.scheduler_locks.find_one({"_id": name}))
+        return _parse(SchedulerLease, "scheduler_locks", doc)

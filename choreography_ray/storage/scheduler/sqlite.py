@@ -1,0 +1,487 @@
+"""The scheduler's tables in the SQLite provider's file, on its connection and thread.
+
+Each table holds the record's JSON (`doc`, the truth) beside the columns it is found by::
+
+    manifests       WITHOUT ROWID. PRIMARY KEY (scope, name), doc.
+    work_queue      id TEXT PRIMARY KEY, scope, manifest, status, holds_manifest_key,
+                    replays, resume_from, scheduled_at, created_at, doc. Unique partial
+                    indexes, WHERE status = 'Queued': (scope, manifest) AND holds_manifest_key
+                    = 1; (replays) AND replays IS NOT NULL; (resume_from) AND resume_from IS
+                    NOT NULL. Index (scope, status, scheduled_at).
+    runs            id TEXT PRIMARY KEY, scope, manifest, status, replays, queued_at, doc.
+                    Indexes (scope, manifest, queued_at), (scope, queued_at), (replays).
+    dead_letters    id TEXT PRIMARY KEY, scope, manifest, status, dead_lettered_at,
+                    resolved_at, doc. Indexes (scope, manifest, status), (status, resolved_at).
+    decisions       WITHOUT ROWID. PRIMARY KEY (run_id, key), doc.
+    checkpoints     WITHOUT ROWID. PRIMARY KEY (run_id, stage), doc.
+    scheduler_locks WITHOUT ROWID. name TEXT PRIMARY KEY, doc: read and written in one
+                    BEGIN IMMEDIATE transaction, so two holders cannot both take it.
+
+The tables are created on first use with `CREATE ... IF NOT EXISTS`, so a file of an older
+release (without them) opens as before and gains them. Times in columns are UTC ISO-8601 with
+microseconds, which sort as the instants do. The database's clock is SQLite's own `'now'` read
+in the statement's transaction (`scheduled_at` = `strftime(..., 'now', '+N seconds')`). Every
+write is one `BEGIN IMMEDIATE` transaction: it holds the file's write lock from its first read,
+so the checks of the unique keys and a claim's read-then-update cannot interleave with another
+connection's; the unique indexes are the backstop.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Collection, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from choreography_ray.errors import CorruptRecordError
+from choreography_ray.model import check_schema_version
+from choreography_ray.scheduler.records import (
+    Checkpoint,
+    DeadLetter,
+    Decision,
+    Manifest,
+    ManifestRun,
+    SchedulerLease,
+    WorkEntry,
+)
+from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
+from choreography_ray.storage.scheduler import (
+    Enqueued,
+    QueueKey,
+    entry_keys,
+    given_up_keys,
+    lease_for,
+    merge_manifest,
+    settle_keys,
+)
+from choreography_ray.storage.sqlite import SqliteStorage
+
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
+
+_LAYOUT = """
+CREATE TABLE IF NOT EXISTS manifests (
+    scope TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (scope, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS work_queue (
+    id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
+    holds_manifest_key INTEGER NOT NULL, replays TEXT, resume_from TEXT, scheduled_at TEXT,
+    created_at TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS work_queue_unique_queued_manifest ON work_queue (scope, manifest)
+    WHERE status = 'Queued' AND holds_manifest_key = 1;
+CREATE UNIQUE INDEX IF NOT EXISTS work_queue_unique_queued_replay ON work_queue (replays)
+    WHERE status = 'Queued' AND replays IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS work_queue_unique_queued_resume ON work_queue (resume_from)
+    WHERE status = 'Queued' AND resume_from IS NOT NULL;
+CREATE INDEX IF NOT EXISTS work_queue_due ON work_queue (scope, status, scheduled_at);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
+    replays TEXT, queued_at TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS runs_manifest ON runs (scope, manifest, queued_at);
+CREATE INDEX IF NOT EXISTS runs_scope ON runs (scope, queued_at);
+CREATE INDEX IF NOT EXISTS runs_replays ON runs (replays);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
+    dead_lettered_at TEXT NOT NULL, resolved_at TEXT, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS dead_letters_manifest ON dead_letters (scope, manifest, status);
+CREATE INDEX IF NOT EXISTS dead_letters_resolved ON dead_letters (status, resolved_at);
+CREATE TABLE IF NOT EXISTS decisions (
+    run_id TEXT NOT NULL, key TEXT NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id TEXT NOT NULL, stage INTEGER NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (run_id, stage)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scheduler_locks (
+    name TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
+"""
+#: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
+_NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
+_QUEUED = WorkStatus.QUEUED.value
+_ENTRY_COLUMNS = "id, scope, manifest, status, holds_manifest_key, replays, resume_from, " \
+    "scheduled_at, created_at, doc"  # fmt: skip
+#: Whether another queued entry holds a key, per key.
+_HELD = {
+    QueueKey.MANIFEST: "holds_manifest_key = 1 AND scope || '/' || manifest = ?",
+    QueueKey.REPLAY: "replays = ?",
+    QueueKey.RESUME: "resume_from = ?",
+}
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _db_now(c: sqlite3.Connection, delay: timedelta = timedelta(0)) -> datetime:
+    (text,) = c.execute(_NOW, (f"+{delay.total_seconds():.6f} seconds",)).fetchone()
+    return datetime.fromisoformat(text)
+
+
+def _parse(model: type[_M], table: str, key: str, doc: str) -> _M:
+    try:
+        record = model.model_validate_json(doc)
+    except ValidationError as exc:
+        raise CorruptRecordError(table, key, str(exc)) from exc
+    check_schema_version(table, key, getattr(record, "schema_version", None))
+    return record
+
+
+def _entry_row(e: WorkEntry) -> tuple[Any, ...]:
+    return (e.id, e.scope, e.manifest, e.status.value, int(e.holds_manifest_key), e.replays,
+            e.resume_from, _iso(e.scheduled_at), _iso(e.created_at),
+            e.model_dump_json())  # fmt: skip
+
+
+def _insert_entry(c: sqlite3.Connection, e: WorkEntry) -> None:
+    c.execute(f"INSERT INTO work_queue ({_ENTRY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+              _entry_row(e))  # fmt: skip
+
+
+def _update_entry(c: sqlite3.Connection, e: WorkEntry) -> None:
+    columns = _ENTRY_COLUMNS.split(", ")[1:]
+    sql = f"UPDATE work_queue SET {', '.join(f'{n} = ?' for n in columns)} WHERE id = ?"
+    c.execute(sql, (*_entry_row(e)[1:], e.id))
+
+
+def _save_run(c: sqlite3.Connection, r: ManifestRun) -> None:
+    c.execute(
+        """INSERT INTO runs (id, scope, manifest, status, replays, queued_at, doc)
+        VALUES (?,?,?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET status = excluded.status,
+        replays = excluded.replays, queued_at = excluded.queued_at, doc = excluded.doc""",
+        (r.id, r.scope, r.manifest, r.status.value, r.replays, _iso(r.queued_at),
+         r.model_dump_json()),
+    )  # fmt: skip
+
+
+def _taken(c: sqlite3.Connection, entry: WorkEntry, besides: str = "") -> set[QueueKey]:
+    taken = set()
+    for kind, value in entry_keys(entry).items():
+        sql = f"SELECT 1 FROM work_queue WHERE status = ? AND id != ? AND {_HELD[kind]}"
+        if c.execute(sql, (_QUEUED, besides, value)).fetchone():
+            taken.add(kind)
+    return taken
+
+
+class SqliteSchedulerStorage:
+    def __init__(self, storage: SqliteStorage) -> None:
+        self.storage = storage
+        self._laid_out = False
+
+    async def _ready(self) -> None:
+        if not self._laid_out:
+            await self.storage._write(_lay_out)
+            self._laid_out = True
+
+    async def _transact(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """`work` in one BEGIN IMMEDIATE transaction; its result."""
+        await self._ready()
+        out: list[_T] = []
+        await self.storage._write(lambda c: out.append(work(c)))
+        return out[0]
+
+    async def _docs(self, sql: str, *args: object) -> list[tuple[str, str]]:
+        """(key, doc) rows."""
+        await self._ready()
+        return [(str(k), str(d)) for k, d in await self.storage._query(sql, *args)]
+
+    async def _find(
+        self, model: type[_M], table: str, order: str = "id", limit: int = -1, **equal: object
+    ) -> list[_M]:
+        """The records whose columns equal `equal` (None values are left out of the filter)."""
+        given = {column: value for column, value in equal.items() if value is not None}
+        where = " AND ".join(f"{column} = ?" for column in given) or "1"
+        sql = f"SELECT id, doc FROM {table} WHERE {where} ORDER BY {order} LIMIT ?"
+        return self._parsed(model, table, await self._docs(sql, *given.values(), limit))
+
+    async def now(self) -> datetime:
+        return await self._transact(_db_now)
+
+    # manifests
+    async def upsert_manifest(self, manifest: Manifest, stated: Collection[str]) -> Manifest:
+        def upsert(c: sqlite3.Connection) -> Manifest:
+            row = c.execute("SELECT doc FROM manifests WHERE scope = ? AND name = ?",
+                            (manifest.scope, manifest.name)).fetchone()  # fmt: skip
+            old = None if row is None else _parse(Manifest, "manifests", manifest.name, row[0])
+            stored = merge_manifest(old, manifest, stated)
+            c.execute("INSERT OR REPLACE INTO manifests (scope, name, doc) VALUES (?, ?, ?)",
+                      (stored.scope, stored.name, stored.model_dump_json()))  # fmt: skip
+            return stored
+
+        return await self._transact(upsert)
+
+    async def get_manifest(self, scope: str, name: str) -> Manifest | None:
+        sql = "SELECT name, doc FROM manifests WHERE scope = ? AND name = ?"
+        return next(
+            iter(self._parsed(Manifest, "manifests", await self._docs(sql, scope, name))), None
+        )
+
+    async def list_manifests(self, scope: str) -> list[Manifest]:
+        sql = "SELECT name, doc FROM manifests WHERE scope = ? ORDER BY name"
+        return self._parsed(Manifest, "manifests", await self._docs(sql, scope))
+
+    async def manifest_keys(self) -> list[tuple[str, str]]:
+        await self._ready()
+        rows = await self.storage._query(
+            "SELECT DISTINCT scope, json_extract(doc, '$.namespace') FROM manifests ORDER BY 1, 2"
+        )
+        return [(str(scope), str(namespace)) for scope, namespace in rows]
+
+    @staticmethod
+    def _parsed(model: type[_M], table: str, rows: Sequence[tuple[str, str]]) -> list[_M]:
+        return [_parse(model, table, key, doc) for key, doc in rows]
+
+    async def set_replay_decisions_on_retry(
+        self, scope: str, names: Collection[str], value: bool
+    ) -> int:
+        def write(c: sqlite3.Connection) -> int:
+            for name in names:
+                c.execute(
+                    """UPDATE manifests SET doc = json_set(doc, '$.replay_decisions_on_retry',
+                    json(?)) WHERE scope = ? AND name = ?""",
+                    ("true" if value else "false", scope, name),
+                )
+            if value:
+                return 0
+            marks = ", ".join("?" * len(names))
+            rows = c.execute(
+                f"""SELECT id, doc FROM work_queue WHERE status = ? AND scope = ?
+                AND holds_manifest_key = 1 AND replays IS NOT NULL AND manifest IN ({marks})""",
+                (_QUEUED, scope, *names),
+            ).fetchall()
+            for key, doc in rows:
+                _unlink(c, _parse(WorkEntry, "work_queue", key, doc))
+            return len(rows)
+
+        return await self._transact(write)
+
+    # work queue
+    async def enqueue(
+        self,
+        entry: WorkEntry,
+        run: ManifestRun,
+        delay: timedelta = timedelta(0),
+        *,
+        refuse_resume: bool = False,
+    ) -> Enqueued:
+        def write(c: sqlite3.Connection) -> Enqueued:
+            result = settle_keys(entry, run, _taken(c, entry), refuse_resume)
+            if result.entry is None or result.run is None:
+                return result
+            scheduled = _db_now(c, delay) if delay > timedelta(0) else None
+            queued = result.entry.model_copy(update={
+                "status": WorkStatus.QUEUED, "created_at": _db_now(c), "scheduled_at": scheduled,
+                "run_id": result.run.id,
+            })  # fmt: skip
+            _insert_entry(c, queued)
+            _save_run(c, result.run)
+            return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
+
+        return await self._transact(write)
+
+    async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
+        def claim(c: sqlite3.Connection) -> list[WorkEntry]:
+            now = _db_now(c)
+            rows = c.execute(
+                """SELECT id, doc FROM work_queue WHERE scope = ? AND status = ?
+                AND (scheduled_at IS NULL OR scheduled_at <= ?)
+                ORDER BY COALESCE(scheduled_at, created_at), created_at LIMIT ?""",
+                (scope, _QUEUED, _iso(now), limit),
+            ).fetchall()
+            claimed = []
+            for key, doc in rows:
+                entry = _parse(WorkEntry, "work_queue", key, doc)
+                claimed.append(entry.model_copy(update={
+                    "status": WorkStatus.DISPATCHED, "dispatched_at": now,
+                    "dispatch_attempts": entry.dispatch_attempts + 1,
+                }))  # fmt: skip
+                _update_entry(c, claimed[-1])
+            return claimed
+
+        return await self._transact(claim)
+
+    def _change(
+        self,
+        entry_id: str,
+        status: WorkStatus,
+        change: Callable[[sqlite3.Connection, WorkEntry], WorkEntry],
+    ) -> Callable[[sqlite3.Connection], WorkEntry | None]:
+        """A write that changes the entry with `change` while it has `status`."""
+
+        def write(c: sqlite3.Connection) -> WorkEntry | None:
+            row = c.execute("SELECT doc FROM work_queue WHERE id = ?", (entry_id,)).fetchone()
+            entry = None if row is None else _parse(WorkEntry, "work_queue", entry_id, row[0])
+            if entry is None or entry.status is not status:
+                return None
+            changed = change(c, entry)
+            _update_entry(c, changed)
+            return changed
+
+        return write
+
+    async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
+        def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
+            if clear_link and entry.replays is not None:
+                entry = _unlink(c, entry)
+            return entry.model_copy(update={"scheduled_at": None})
+
+        return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change))
+
+    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+        def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
+            update = given_up_keys(_taken(c, entry, besides=entry_id))
+            scheduled = _db_now(c, delay) if delay > timedelta(0) else None
+            return entry.model_copy(
+                update={**update, "status": WorkStatus.QUEUED, "scheduled_at": scheduled}
+            )
+
+        return await self._transact(self._change(entry_id, WorkStatus.DISPATCHED, change))
+
+    async def cancel_entry(self, entry_id: str) -> bool:
+        def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
+            return entry.model_copy(update={"status": WorkStatus.CANCELLED})
+
+        return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change)) is not None
+
+    async def get_entry(self, entry_id: str) -> WorkEntry | None:
+        return next(iter(await self._find(WorkEntry, "work_queue", id=entry_id)), None)
+
+    async def queued_entries(self, scope: str, manifest: str | None = None) -> list[WorkEntry]:
+        return await self._find(WorkEntry, "work_queue", "created_at, id", scope=scope,
+                                status=_QUEUED, manifest=manifest)  # fmt: skip
+
+    # runs
+    async def save_run(self, run: ManifestRun) -> None:
+        await self._transact(lambda c: _save_run(c, run))
+
+    async def get_run(self, run_id: str) -> ManifestRun | None:
+        return next(iter(await self._find(ManifestRun, "runs", id=run_id)), None)
+
+    async def list_runs(
+        self, scope: str, manifest: str | None = None, limit: int = 100
+    ) -> list[ManifestRun]:
+        order = "queued_at DESC, id DESC"
+        return await self._find(ManifestRun, "runs", order, limit, scope=scope, manifest=manifest)
+
+    async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
+        return await self._find(ManifestRun, "runs", replays=run_id)
+
+    # dead letters
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+        await self._transact(lambda c: _save_dead_letter(c, dead_letter))
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        return next(iter(await self._find(DeadLetter, "dead_letters", id=dead_letter_id)), None)
+
+    async def list_dead_letters(
+        self, scope: str, manifest: str | None = None, status: DeadLetterStatus | None = None
+    ) -> list[DeadLetter]:
+        return await self._find(DeadLetter, "dead_letters", "dead_lettered_at DESC, id",
+                                scope=scope, manifest=manifest,
+                                status=None if status is None else status.value)  # fmt: skip
+
+    async def resolve_dead_letter(
+        self, dead_letter_id: str, status: DeadLetterStatus, note: str | None = None
+    ) -> DeadLetter | None:
+        def write(c: sqlite3.Connection) -> DeadLetter | None:
+            row = c.execute("SELECT doc FROM dead_letters WHERE id = ?", (dead_letter_id,))
+            found = row.fetchone()
+            if found is None:
+                return None
+            letter = _parse(DeadLetter, "dead_letters", dead_letter_id, found[0])
+            if letter.status.is_resolved:
+                return None
+            update = {"status": status, "resolved_at": _db_now(c), "note": note}
+            letter = letter.model_copy(update=update)
+            _save_dead_letter(c, letter)
+            return letter
+
+        return await self._transact(write)
+
+    async def remove_resolved_dead_letters(self, before: datetime) -> int:
+        def delete(c: sqlite3.Connection) -> int:
+            sql = "DELETE FROM dead_letters WHERE resolved_at IS NOT NULL AND resolved_at < ?"
+            return int(c.execute(sql, (_iso(before),)).rowcount)
+
+        return await self._transact(delete)
+
+    # decisions and checkpoints
+    async def record_decision(self, decision: Decision) -> Decision:
+        def write(c: sqlite3.Connection) -> str:
+            c.execute("INSERT OR IGNORE INTO decisions (run_id, key, doc) VALUES (?, ?, ?)",
+                      (decision.run_id, decision.key, decision.model_dump_json()))  # fmt: skip
+            sql = "SELECT doc FROM decisions WHERE run_id = ? AND key = ?"
+            return str(c.execute(sql, (decision.run_id, decision.key)).fetchone()[0])
+
+        return _parse(Decision, "decisions", decision.key, await self._transact(write))
+
+    async def list_decisions(self, run_id: str) -> list[Decision]:
+        rows = await self._docs(
+            "SELECT key, doc FROM decisions WHERE run_id = ? ORDER BY key", run_id
+        )
+        return self._parsed(Decision, "decisions", rows)
+
+    async def count_decisions(self, run_id: str) -> int:
+        await self._ready()
+        rows = await self.storage._query("SELECT COUNT(*) FROM decisions WHERE run_id = ?", run_id)
+        return int(rows[0][0])
+
+    async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        sql = "INSERT OR REPLACE INTO checkpoints (run_id, stage, doc) VALUES (?, ?, ?)"
+        row = (checkpoint.run_id, checkpoint.stage, checkpoint.model_dump_json())
+        await self._transact(lambda c: c.execute(sql, row) and None)
+
+    async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        sql = "SELECT run_id || '/' || stage, doc FROM checkpoints WHERE run_id = ? ORDER BY stage"
+        return self._parsed(Checkpoint, "checkpoints", await self._docs(sql, run_id))
+
+    # the scope's lock
+    async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
+        def write(c: sqlite3.Connection) -> SchedulerLease | None:
+            row = c.execute("SELECT doc FROM scheduler_locks WHERE name = ?", (name,)).fetchone()
+            stored = None if row is None else _parse(SchedulerLease, "scheduler_locks", name,
+                                                     row[0])  # fmt: skip
+            lease = lease_for(stored, name, holder, ttl, _db_now(c))
+            if lease is not None:
+                c.execute("INSERT OR REPLACE INTO scheduler_locks (name, doc) VALUES (?, ?)",
+                          (name, lease.model_dump_json()))  # fmt: skip
+            return lease
+
+        return await self._transact(write)
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        def delete(c: sqlite3.Connection) -> bool:
+            sql = "DELETE FROM scheduler_locks WHERE name = ? AND json_extract(doc, '$.holder') = ?"
+            return int(c.execute(sql, (name, holder)).rowcount) == 1
+
+        return await self._transact(delete)
+
+    async def get_lease(self, name: str) -> SchedulerLease | None:
+        rows = await self._docs("SELECT name, doc FROM scheduler_locks WHERE name = ?", name)
+        return next(iter(self._parsed(SchedulerLease, "scheduler_locks", rows)), None)
+
+
+def _lay_out(c: sqlite3.Connection) -> None:
+    for statement in filter(str.strip, _LAYOUT.split(";")):
+        c.execute(statement)
+
+
+def _unlink(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
+    """The entry and its run without their replay link (the entry row is written by the caller
+    or here)."""
+    entry = entry.model_copy(update={"replays": None})
+    _update_entry(c, entry)
+    row = c.execute("SELECT doc FROM runs WHERE id = ?", (entry.run_id,)).fetchone()
+    if row is not None:
+        run = _parse(ManifestRun, "runs", entry.run_id, row[0])
+        _save_run(c, run.model_copy(update={"replays": None}))
+    return entry
+
+
+def _save_dead_letter(c: sqlite3.Connection, d: DeadLetter) -> None:
+    c.execute(
+        """INSERT OR REPLACE INTO dead_letters
+        (id, scope, manifest, status, dead_lettered_at, resolved_at, doc) VALUES (?,?,?,?,?,?,?)""",
+        (d.id, d.scope, d.manifest, d.status.value, _iso(d.dead_lettered_at),
+         _iso(d.resolved_at), d.model_dump_json()),
+    )  # fmt: skip

@@ -1,0 +1,116 @@
+"""A `SchedulerCore` on the memory storage with a fake jobs port and a clock the test moves.
+
+`Harness.run_for(seconds)` steps the clock by the dispatch interval and runs the dispatcher at
+every step and the manifest manager's cycle every `manifest_cycle`, as the loops would, without
+waiting in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Collection, Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from choreography_ray.scheduler.core import SchedulerCore
+from choreography_ray.scheduler.options import SchedulerOptions
+from choreography_ray.scheduler.port import DispatchError, JobView
+from choreography_ray.status import JobStatus
+from choreography_ray.storage.scheduler.memory import MemorySchedulerStorage
+from tests.unit.scheduler.factory import T0
+
+JOB = "pkg.jobs:Reindex"
+#: Seconds a scenario may take before it fails.
+SCENARIO_TIMEOUT = 20.0
+SUCCEEDS = JobView(JobStatus.COMPLETED_SUCCESSFULLY)
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT))
+
+
+class Clock:
+    def __init__(self, now: datetime = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@dataclass
+class Started:
+    job_id: str
+    manifest_request: dict[str, Any]
+    at: datetime
+
+
+@dataclass
+class FakeJobs:
+    """Jobs that end at once as `ends_as`; the next `unreachable` starts never reach a
+    manager, and `refuse` makes the manager refuse every job."""
+
+    clock: Clock
+    ends_as: JobView = SUCCEEDS
+    unreachable: int = 0
+    refuse: bool = False
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    started: list[Started] = field(default_factory=list)
+    attempts: list[datetime] = field(default_factory=list)
+    #: Per job type: how its jobs end, over `ends_as`.
+    ends_by_type: dict[str, JobView] = field(default_factory=dict)
+    types: list[str] = field(default_factory=list)
+
+    async def start_job(
+        self, scope: str, namespace: str, job_type: str, request: dict[str, Any]
+    ) -> str:
+        self.attempts.append(self.clock())
+        if self.unreachable:
+            self.unreachable -= 1
+            raise DispatchError("the jobs manager did not answer", reached=False)
+        if self.refuse:
+            raise DispatchError("not a Job", reached=True)
+        job_id = uuid.uuid4().hex
+        self.jobs[job_id] = self.ends_by_type.get(job_type, self.ends_as)
+        self.started.append(Started(job_id, request, self.clock()))
+        self.types.append(job_type)
+        return job_id
+
+    async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
+        return {j: self.jobs[j] for j in job_ids if j in self.jobs}
+
+
+class Harness:
+    def __init__(self, **options: Any) -> None:
+        values = {"manifest_cycle": 1, "dispatch_interval": 0.5, **options}
+        self.options = SchedulerOptions(**values)
+        self.clock = Clock()
+        self.storage = MemorySchedulerStorage(self.clock)
+        self.jobs = FakeJobs(self.clock)
+        self.core = self.new_core("holder-1")
+        self._elapsed = 0.0
+
+    def new_core(self, holder: str) -> SchedulerCore:
+        return SchedulerCore("s", self.storage, self.jobs, self.options, holder=holder)
+
+    async def start(self) -> SchedulerCore:
+        await self.core.start(loops=False)
+        return self.core
+
+    async def run_for(self, seconds: float) -> None:
+        step = self.options.dispatch_interval.total_seconds()
+        cycle = self.options.manifest_cycle.total_seconds()
+        for _ in range(round(seconds / step)):
+            if self._elapsed % cycle < 1e-9 or cycle - self._elapsed % cycle < 1e-9:
+                await self.core.run_cycle()
+            await self.core.dispatch_due()
+            self.clock.advance(step)
+            self._elapsed += step
+
+    def starts(self) -> list[float]:
+        """Seconds after T0 at which jobs were started."""
+        return [(s.at - T0).total_seconds() for s in self.jobs.started]

@@ -1,0 +1,81 @@
+"""The Ray shell's jobs port without a cluster: how a start's errors map to `DispatchError`
+(reached: a failed run; not reached: a dispatch to try again). No Ray is started: the manager
+handle is a fake, and Ray's exceptions are built as a caller of an actor receives them."""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError, RayTaskError
+
+from choreography_ray.errors import JobOperationError, StartJobError, TypeImportError
+from choreography_ray.runtime import actors
+from choreography_ray.runtime import scheduler_actor as shell
+from choreography_ray.scheduler.port import DispatchError
+
+
+def task_error(cause: Exception) -> RayTaskError:
+    try:
+        raise cause
+    except Exception as exc:
+        return RayTaskError("start", traceback.format_exc(), exc)
+
+
+class FakeManager:
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.start = self
+
+    def remote(self, job_type: str, request: dict[str, Any]) -> Any:
+        async def answer() -> Any:
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            return self.outcome
+
+        return answer()
+
+
+def start_with(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> str:
+    monkeypatch.setattr(actors, "manager_actor", lambda *args: FakeManager(outcome))
+    port = shell.RayJobsPort(storage=None, storage_url="sqlite:///x.db", options_json="{}",  # type: ignore[arg-type]
+                             ns="n")  # fmt: skip
+    return asyncio.run(port.start_job("s", "n", "pkg:J", {}))
+
+
+def test_a_started_job__its_id_even_with_a_first_stage_start_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert start_with(monkeypatch, ("job-1", StartJobError.FAILED_STARTING_SOME_JOB_STEPS)) == (
+        "job-1"
+    )
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        JobOperationError(StartJobError.INVALID_REQUEST, "bad"),
+        JobOperationError(StartJobError.UNKNOWN, "not a Job"),
+        TypeImportError("no module pkg"),
+    ],
+    ids=["invalid-request", "not-a-job", "type-import"],
+)
+def test_a_job_the_manager_refuses__reached(
+    monkeypatch: pytest.MonkeyPatch, cause: Exception
+) -> None:
+    with pytest.raises(DispatchError) as refused:
+        start_with(monkeypatch, task_error(cause))
+    assert refused.value.reached
+
+
+@pytest.mark.parametrize(
+    "error",
+    [task_error(JobOperationError(StartJobError.COULD_NOT_PERSIST, "disk")), ActorDiedError()],
+    ids=["storage-refused-the-job", "manager-unreachable"],
+)
+def test_a_manager_not_reached__requeued(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    with pytest.raises(DispatchError) as failed:
+        start_with(monkeypatch, error)
+    assert not failed.value.reached
