@@ -38,7 +38,13 @@ from choreography_ray.core.stages import (
 from choreography_ray.core.timers import Timers
 from choreography_ray.core.transitions import check_transition
 from choreography_ray.core.turns import Supervisor, Turns
-from choreography_ray.core.watchdog import HookBackoff, lost_reports, stage_done_in_storage
+from choreography_ray.core.watchdog import (
+    HookBackoff,
+    lost_reports,
+    stage_done_in_storage,
+    stored_outcome,
+    stored_records,
+)
 from choreography_ray.core.window import Window
 from choreography_ray.errors import (
     CannotResumeJobError,
@@ -52,7 +58,7 @@ from choreography_ray.errors import (
     StopJobError,
 )
 from choreography_ray.job import Job, StepSpec
-from choreography_ray.model import JobState, StatusChange
+from choreography_ray.model import JobState, StatusChange, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
@@ -580,32 +586,36 @@ class JobCore:
 
     async def _retry_failed_starts(self) -> None:
         """Start operations that threw may have run on their host all the same (Ray: "the task
-        may or may not have been executed"): a step a host runs now is adopted, one whose
-        outcome storage holds counts it, and only the others start again."""
-        failed = {start.step_id: (start, "") for start in self.window.start_failed}
+        may or may not have been executed"): a step a host runs at the attempt storage holds as
+        RUNNING is adopted, one whose outcome storage holds counts it, and the others start
+        again (a host that still lets an earlier attempt go refuses, and they wait once more)."""
+        failed = {start.step_id: start for start in self.window.start_failed}
         if not failed:
             return
-        host_of = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
-        unsure = {k: v for k, v in failed.items() if k not in host_of}
-        outcomes = [
-            outcome
-            for stage in {start.stage for start, _ in unsure.values()}
-            for outcome in await lost_reports(
-                self.storage,
-                self.job_id,
-                stage,
-                {k: v for k, v in unsure.items() if v[0].stage == stage},
-            )
-        ]
+        on_hosts = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
+        records: dict[str, StepState] = {}
+        for stage in {start.stage for start in failed.values()}:
+            records.update(await stored_records(self.storage, self.job_id, stage, failed))
         self.window.start_failed.clear()
-        for step_id, host in host_of.items():
-            if step_id in failed:
-                self.window.active[step_id] = (failed.pop(step_id)[0], host)
-                self._watch(host)
-        for outcome in outcomes:
-            self.window.active[outcome.step_id] = failed.pop(outcome.step_id)
-            self.accept(outcome)
-        self.window.requeue(start for start, _ in failed.values())
+        again: list[StepStart] = []
+        for step_id, start in failed.items():
+            record, host = records.get(step_id), on_hosts.get(step_id)
+            if host is not None:
+                if (
+                    record is not None
+                    and record.status is StepStatus.RUNNING
+                    and (record.attempt == start.attempt)
+                ):
+                    self.window.active[step_id] = (start, host)
+                    self._watch(host)
+                else:
+                    again.append(start)
+            elif (outcome := stored_outcome(start, record)) is not None:
+                self.window.active[step_id] = (start, "")
+                self.accept(outcome)
+            else:
+                again.append(start)
+        self.window.requeue(again)
 
     def _watch(self, host: str) -> None:
         """Learns that a host died from its watch call ending."""

@@ -10,6 +10,9 @@ infinite interval turns it off.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+from choreography_ray.model import StepState
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, UNFINISHED_STEP, StepStatus
 from choreography_ray.storage import StatusCounts, Storage, step_pages
@@ -48,32 +51,39 @@ def stage_done_in_storage(counts: StatusCounts, stage: int) -> bool:
     )
 
 
+def stored_outcome(start: StepStart, step: StepState | None) -> Outcome | None:
+    """The outcome a step's record holds for `start`'s attempt, if any. A missing record
+    succeeded (a success deletes its record); one stored FAILED, COMPLETED_WITH_FAILURE or
+    STOPPED at the attempt reached that outcome; anything else (RUNNING, SCHEDULED while its
+    start is written, another attempt) has not reported yet."""
+    if step is None:
+        return Outcome(start.step_id, start.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
+    if step.attempt != start.attempt:
+        return None
+    if step.status not in FAILED_STEP and step.status is not StepStatus.STOPPED:
+        return None
+    changes = step.status_changes
+    messages = changes[-1].exception_messages if changes else ()
+    return Outcome(step.step_id, step.attempt, step.status, messages[0] if messages else None)
+
+
+async def stored_records(
+    storage: Storage, job_id: str, stage: int, step_ids: Collection[str]
+) -> dict[str, StepState]:
+    """The records of `stage` among `step_ids`: one paged read of the stage's steps."""
+    records: dict[str, StepState] = {}
+    async for page in step_pages(storage, job_id, stage=stage):
+        records.update((step.step_id, step) for step in page if step.step_id in step_ids)
+    return records
+
+
 async def lost_reports(
     storage: Storage, job_id: str, stage: int, active: dict[str, tuple[StepStart, str]]
 ) -> list[Outcome]:
-    """The outcomes storage holds for active steps of `stage` whose report never arrived.
-
-    An active step missing from storage succeeded (a success deletes its record); one stored
-    FAILED, COMPLETED_WITH_FAILURE or STOPPED at its attempt reached that outcome. A step
-    stored as anything else (RUNNING, or SCHEDULED while its start is written) has not
-    reported yet. One paged read of the stage's steps.
-    """
-    outcomes: list[Outcome] = []
-    present: set[str] = set()
-    async for page in step_pages(storage, job_id, stage=stage):
-        for step in page:
-            present.add(step.step_id)
-            entry = active.get(step.step_id)
-            if entry is None or step.attempt != entry[0].attempt:
-                continue
-            if step.status in FAILED_STEP or step.status is StepStatus.STOPPED:
-                changes = step.status_changes
-                messages = changes[-1].exception_messages if changes else ()
-                message = messages[0] if messages else None
-                outcomes.append(Outcome(step.step_id, step.attempt, step.status, message))
-    outcomes.extend(
-        Outcome(step_id, start.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
+    """The outcomes storage holds for active steps of `stage` whose report never arrived."""
+    records = await stored_records(storage, job_id, stage, active)
+    return [
+        outcome
         for step_id, (start, _host) in active.items()
-        if step_id not in present
-    )
-    return outcomes
+        if (outcome := stored_outcome(start, records.get(step_id))) is not None
+    ]

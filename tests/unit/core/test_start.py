@@ -8,9 +8,11 @@ import asyncio
 import pytest
 
 from choreography_ray.errors import StartJobError
+from choreography_ray.runtime.messages import Outcome
 from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage.memory import MemoryStorage
 from tests.unit.core.conftest import FAST, Activations
-from tests.unit.core.fakes import FAILED
+from tests.unit.core.fakes import FAILED, FakeHosts
 from tests.unit.core.harness import eventually
 from tests.unit.core.jobs import ContinuingJob, Plan, StagedJob
 
@@ -260,11 +262,43 @@ def test_start__a_start_that_ran_though_it_threw_is_adopted_not_started_twice(
 
         assert len(h.hosts.started) == 3, "a step started twice"
         assert h.hosts.running_ids() == {"000002"}
-        await h.hosts.finish("000002")
-        await h.settle()
+        await h.hosts.finish("000002")  # adopted: its report counts
+        await eventually(lambda: h.c.state is not None and h.c.state.status.is_terminal)
+        assert len(h.hosts.started) == 3, "a step started twice"
         stored = await h.stored()
         assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
         assert stored.progress.successful_steps == 3
+
+    activations.run(scenario)
+
+
+def test_start__a_retry_refused_while_its_host_persists_the_earlier_attempt_starts_later(
+    activations: Activations, fast_backoff: object
+) -> None:
+    """Chaos seed ci 0: the job counted attempt 1's failure while its host still persisted it
+    (lost acknowledgements); the host refused attempt 2. The refused start must not be taken
+    for attempt 2 running there: it starts once the host has let attempt 1 go."""
+
+    async def scenario() -> None:
+        storage = MemoryStorage()
+        hosts = FakeHosts(storage, shared_hosts=1)
+        h = await activations.new(
+            StagedJob, Plan(sizes=[1]), storage=storage, hosts=hosts, max_step_attempts=2
+        )
+        await h.c.start()
+        # Attempt 1's failure reaches the job while the host still holds attempt 1.
+        await hosts.report(Outcome("000000", 1, FAILED, "failed on purpose"))
+        await asyncio.sleep(4 * FAST.longest)
+        await h.settle()
+        assert [s.attempt for s in hosts.started] == [1], "attempt 2 was refused"
+
+        await hosts.finish("000000", FAILED, "failed on purpose", deliver=0)  # lets it go
+        await eventually(lambda: [s.attempt for s in hosts.started] == [1, 2])
+        await hosts.finish("000000")
+        await eventually(lambda: h.c.state is not None and h.c.state.status.is_terminal)
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert (stored.progress.successful_steps, stored.progress.failed_steps) == (1, 0)
 
     activations.run(scenario)
 
