@@ -19,6 +19,7 @@ import asyncio
 import inspect
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -586,35 +587,30 @@ class JobCore:
 
     async def _retry_failed_starts(self) -> None:
         """Start operations that threw may have run on their host all the same (Ray: "the task
-        may or may not have been executed"): a step a host runs at the attempt storage holds as
-        RUNNING is adopted, one whose outcome storage holds counts it, and the others start
-        again (a host that still lets an earlier attempt go refuses, and they wait once more)."""
+        may or may not have been executed"): a step whose outcome storage holds counts it; a
+        step a host still has goes back to that host, which skips it when it runs that attempt
+        and refuses it while it lets an earlier one go; the others start again anywhere."""
         failed = {start.step_id: start for start in self.window.start_failed}
         if not failed:
             return
         on_hosts = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
+        unsure = {k: (v, "") for k, v in failed.items() if k not in on_hosts}
         records: dict[str, StepState] = {}
-        for stage in {start.stage for start in failed.values()}:
-            records.update(await stored_records(self.storage, self.job_id, stage, failed))
+        for stage in {start.stage for start, _ in unsure.values()}:
+            records.update(await stored_records(self.storage, self.job_id, stage, unsure))
         self.window.start_failed.clear()
+        back: dict[str, list[StepStart]] = defaultdict(list)
         again: list[StepStart] = []
         for step_id, start in failed.items():
-            record, host = records.get(step_id), on_hosts.get(step_id)
-            if host is not None:
-                if (
-                    record is not None
-                    and record.status is StepStatus.RUNNING
-                    and (record.attempt == start.attempt)
-                ):
-                    self.window.active[step_id] = (start, host)
-                    self._watch(host)
-                else:
-                    again.append(start)
-            elif (outcome := stored_outcome(start, record)) is not None:
+            if step_id in on_hosts:
+                back[on_hosts[step_id]].append(start)
+            elif (outcome := stored_outcome(start, records.get(step_id))) is not None:
                 self.window.active[step_id] = (start, "")
                 self.accept(outcome)
             else:
                 again.append(start)
+        for host, batch in back.items():
+            self._send(host, batch)
         self.window.requeue(again)
 
     def _watch(self, host: str) -> None:

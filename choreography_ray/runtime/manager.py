@@ -60,6 +60,9 @@ class ManagerCore:
         self.resuming = 0
         self.peak_resuming = 0
         self.drained: builtins.list[str] = []
+        #: Jobs this activation created and is starting: not interrupted, so never rehydrated
+        #: (a rehydration would fail them for their missing plan before their start ran).
+        self._starting: set[str] = set()
 
     async def _record_key(self) -> None:
         if not self._key_recorded:
@@ -95,12 +98,16 @@ class ManagerCore:
             type=job_type,
             request=validated.model_dump(mode="json"),
         ).with_status(JobStatus.PREPARING_JOB)
+        self._starting.add(job_id)
         try:
-            await self.storage.create_job(state)
-        except Exception as error:
-            raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
-        actor = await self.job_actor(job_id)
-        start_error: StartJobError | None = await actor.start.remote()
+            try:
+                await self.storage.create_job(state)
+            except Exception as error:
+                raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
+            actor = await self.job_actor(job_id)
+            start_error: StartJobError | None = await actor.start.remote()
+        finally:
+            self._starting.discard(job_id)
         return job_id, start_error
 
     async def get(self, job_id: str) -> JobState:
@@ -188,6 +195,7 @@ class ManagerCore:
             for j in sorted(jobs, key=lambda j: j.created)
             if j.status in REHYDRATED_JOB
             and not (j.status is JobStatus.STOPPED and j.stop_finalized)
+            and j.id not in self._starting
         ]
         self._drain = self.tasks.spawn("drain", self._drain_jobs(snapshot))
         return snapshot
@@ -202,7 +210,11 @@ class ManagerCore:
                 try:
                     # Reloaded before dispatch: a job finished meanwhile is left alone.
                     state = await self.storage.get_job(job_id)
-                    if state is not None and state.status in REHYDRATED_JOB:
+                    if (
+                        state is not None
+                        and state.status in REHYDRATED_JOB
+                        and job_id not in self._starting
+                    ):
                         self.drained.append(job_id)
                         actor = await self.job_actor(job_id)
                         await actor.recover.remote()

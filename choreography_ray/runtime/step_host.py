@@ -84,6 +84,8 @@ class StepHostCore:
         self.tenants: dict[tuple[str, str], Tenant] = {}
         self.job_tenant: dict[str, Tenant] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
+        #: Running steps whose RUNNING write is not done: not launched, and dropped if it fails.
+        self.unwritten: set[tuple[str, str]] = set()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
         #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
@@ -152,6 +154,8 @@ class StepHostCore:
             self._hold(job_id, len(steps))
         change = StatusChange(status=StepStatus.RUNNING)
         lease = self.lease(tenant)
+        keys = [(job_id, s.step_id) for s in steps]
+        self.unwritten.update(keys)
         try:
             await tenant.commit.write(
                 [
@@ -160,10 +164,12 @@ class StepHostCore:
                 ]
             )
         except BaseException:
-            for step in steps:
-                tenant.leased.pop((job_id, step.step_id), None)
-                self._pop_running((job_id, step.step_id))
+            for key in keys:
+                tenant.leased.pop(key, None)
+                self._pop_running(key)
             raise
+        finally:
+            self.unwritten.difference_update(keys)
         for step in steps:
             self._launch(job_id, step, tenant.options)
         return len(steps)
@@ -290,7 +296,12 @@ class StepHostCore:
         return told
 
     def running_steps(self, job_id: str) -> list[str]:
-        return [step_id for (owner, step_id) in self.running if owner == job_id]
+        """The job's steps launched here (a step whose RUNNING write is pending is not yet)."""
+        return [
+            step_id
+            for (owner, step_id) in self.running
+            if owner == job_id and (owner, step_id) not in self.unwritten
+        ]
 
     async def renew_leases(self, tenant: Tenant, every: float) -> None:
         """Every `every` s, renews the leases of this tenant's running steps in one conditional
