@@ -241,7 +241,7 @@ def test_start__a_start_operation_that_throws_is_all_and_started_again(
     activations.run(scenario)
 
 
-def test_start__a_start_that_ran_though_it_threw_is_adopted_not_started_twice(
+def test_start__a_start_that_ran_though_it_threw_does_not_run_twice(
     activations: Activations, fast_backoff: object
 ) -> None:
     """Chaos seed ci 9: a start operation to a host Ray was restarting threw ("may or may not
