@@ -1141,7 +1141,11 @@ class JobCore:
         (read back once); None when that cannot be known now."""
         try:
             stored = await self.storage.get_job(self.job_id)
-        except Exception:
+        except Exception as error:
+            # The save's own error is raised; the watchdog reconciles once storage answers.
+            log.warning(
+                "job %s: reading back a save without an answer failed: %s", self.job_id, error
+            )
             return None
         if stored is None or stored.version != record.version + 1 or _gist(stored) != _gist(record):
             return None
