@@ -227,6 +227,22 @@ async def test_runs__newest_first_by_manifest_and_by_replayed_run(sched: Schedul
     assert await sched.get_run(finished.id) == finished
 
 
+async def test_run_for_job__the_run_whose_job_it_is(sched: SchedulerStorage) -> None:
+    queued_run = ManifestRun(scope=SCOPE, manifest="m", job_type="J")
+    started = ManifestRun(scope=SCOPE, manifest="m", job_type="J", job_id="job-1",
+                          status=RunStatus.RUNNING)  # fmt: skip
+    other = ManifestRun(scope="other-scope", manifest="n", job_type="J", job_id="job-2")
+    for r in (queued_run, started, other):
+        await sched.save_run(r)
+    assert await sched.run_for_job("job-1") == started
+    assert await sched.run_for_job("job-2") == other
+    assert await sched.run_for_job("no-such-job") is None
+    # A run saved again with its job (the dispatcher's start) is found by it.
+    await sched.save_run(queued_run.model_copy(update={"job_id": "job-3"}))
+    found = await sched.run_for_job("job-3")
+    assert found is not None and found.id == queued_run.id
+
+
 async def test_dead_letters__resolved_once_then_cleaned_up(sched: SchedulerStorage) -> None:
     letter = DeadLetter(scope=SCOPE, manifest="m", retry_count_at_dead_letter=4, reason="r")
     await sched.add_dead_letter(letter)
@@ -336,5 +352,26 @@ async def test_sqlite_file_of_the_oldest_release_gains_the_scheduler_tables(
     try:
         found = await scheduler_storage(reopened).get_manifest(SCOPE, "m")
         assert found is not None and found.job_type == "pkg.jobs:J"
+        run = ManifestRun(scope=SCOPE, manifest="m", job_type="J", job_id="job-1")
+        await scheduler_storage(reopened).save_run(run)
+        assert await scheduler_storage(reopened).run_for_job("job-1") == run
     finally:
         await reopened.close()
+
+
+async def test_sqlite_run_for_job__uses_the_job_id_index(tmp_path: Path) -> None:
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    storage = open_storage(url)
+    try:
+        sched = scheduler_storage(storage)
+        await sched.save_run(ManifestRun(scope=SCOPE, manifest="m", job_type="J", job_id="j"))
+    finally:
+        await storage.close()
+    from choreography_ray.storage.scheduler.sqlite import _RUN_JOB
+
+    with sqlite3.connect(tmp_path / "runs.db") as c:
+        plan = c.execute(f"EXPLAIN QUERY PLAN SELECT id, doc FROM runs WHERE {_RUN_JOB} = ?",
+                         ("j",)).fetchall()  # fmt: skip
+    assert any("runs_job" in str(row) for row in plan), plan

@@ -13,8 +13,8 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
                     holds the manifest key, one per replayed run and one per resumed run:
                     unique partial indexes in SQLite, keyed marker documents in MongoDB
                     (`work_queue_keys`). Index (scope, status, scheduled_at) for the claim.
-    runs            key id. scope, manifest, status, replays, queued_at. Indexes (scope,
-                    manifest, queued_at), (scope, queued_at), (replays).
+    runs            key id. scope, manifest, status, replays, queued_at, job_id. Indexes
+                    (scope, manifest, queued_at), (scope, queued_at), (replays), (job_id).
     dead_letters    key id. scope, manifest, status, resolved_at. Indexes (scope, manifest,
                     status), (status, resolved_at).
     decisions       key (run_id, decision key): the first answer recorded for a key stays.
@@ -216,6 +216,10 @@ class SchedulerStorage(Protocol):
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         """Every run, in any state, whose `replays` is `run_id`."""
+
+    async def run_for_job(self, job_id: str) -> ManifestRun | None:
+        """The run whose job is `job_id` (found by an index on `job_id`); None when the job is
+        no scheduler run."""
 
     # dead letters
     async def add_dead_letter(self, dead_letter: DeadLetter) -> None: ...

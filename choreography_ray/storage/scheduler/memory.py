@@ -185,6 +185,10 @@ class MemorySchedulerStorage:
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return [r for r in self.runs.values() if r.replays == run_id]
 
+    async def run_for_job(self, job_id: str) -> ManifestRun | None:
+        # A scan: the reference holds few runs, and a step host asks once per job.
+        return next((r for r in self.runs.values() if r.job_id == job_id), None)
+
     async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
         self.dead_letters[dead_letter.id] = dead_letter
 

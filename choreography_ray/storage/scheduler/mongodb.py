@@ -9,7 +9,7 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
                       {name}", "replay/{run_id}" or "resume/{run_id}"; entry_id, created. The
                       unique `_id` is the one-queued-entry rule (nx-27017 has no partial index).
     runs              `_id` run id. Indexes (scope, manifest, queued_at), (scope, queued_at),
-                      (replays).
+                      (replays), (job_id).
     dead_letters      `_id` id. Indexes (scope, manifest, status), (status, resolved_at).
     decisions         `_id` "{run_id}/{key}". Index (run_id).
     checkpoints       `_id` "{run_id}/{stage}". Index (run_id, stage).
@@ -73,7 +73,7 @@ STALE_MARKER_SECONDS = 60.0
 _INDEXES = {
     "manifests": ["scope name"],
     "work_queue": ["scope status scheduled_at", "scope manifest"],
-    "runs": ["scope manifest queued_at", "scope queued_at", "replays"],
+    "runs": ["scope manifest queued_at", "scope queued_at", "replays", "job_id"],
     "dead_letters": ["scope manifest status", "status resolved_at"],
     "decisions": ["run_id"],
     "checkpoints": ["run_id stage"],
@@ -374,6 +374,10 @@ class MongoSchedulerStorage:
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         docs = await self._run(lambda db: list(db.runs.find({"replays": run_id})))
         return _parse_all(ManifestRun, "runs", docs)
+
+    async def run_for_job(self, job_id: str) -> ManifestRun | None:
+        doc = await self._run(lambda db: db.runs.find_one({"job_id": job_id}))
+        return _parse(ManifestRun, "runs", doc)
 
     # dead letters
     async def add_dead_letter(self, dead_letter: DeadLetter) -> None:

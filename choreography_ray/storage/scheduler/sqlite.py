@@ -9,7 +9,9 @@ Each table holds the record's JSON (`doc`, the truth) beside the columns it is f
                     = 1; (replays) AND replays IS NOT NULL; (resume_from) AND resume_from IS
                     NOT NULL. Index (scope, status, scheduled_at).
     runs            id TEXT PRIMARY KEY, scope, manifest, status, replays, queued_at, doc.
-                    Indexes (scope, manifest, queued_at), (scope, queued_at), (replays).
+                    Indexes (scope, manifest, queued_at), (scope, queued_at), (replays),
+                    and on the expression `json_extract(doc, '$.job_id')` (`run_for_job`: an
+                    expression index, so a file laid out before it needs no new column).
     dead_letters    id TEXT PRIMARY KEY, scope, manifest, status, dead_lettered_at,
                     resolved_at, doc. Indexes (scope, manifest, status), (status, resolved_at).
     decisions       WITHOUT ROWID. PRIMARY KEY (run_id, key), doc.
@@ -82,6 +84,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_manifest ON runs (scope, manifest, queued_at);
 CREATE INDEX IF NOT EXISTS runs_scope ON runs (scope, queued_at);
 CREATE INDEX IF NOT EXISTS runs_replays ON runs (replays);
+CREATE INDEX IF NOT EXISTS runs_job ON runs (json_extract(doc, '$.job_id'));
 CREATE TABLE IF NOT EXISTS dead_letters (
     id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
     dead_lettered_at TEXT NOT NULL, resolved_at TEXT, doc TEXT NOT NULL);
@@ -99,6 +102,8 @@ CREATE TABLE IF NOT EXISTS scheduler_locks (
 #: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
 _NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
 _QUEUED = WorkStatus.QUEUED.value
+#: The expression the `runs_job` index is on: a query must name it exactly to use the index.
+_RUN_JOB = "json_extract(doc, '$.job_id')"
 _ENTRY_COLUMNS = "id, scope, manifest, status, holds_manifest_key, replays, resume_from, " \
     "scheduled_at, created_at, doc"  # fmt: skip
 #: Whether another queued entry holds a key, per key.
@@ -365,6 +370,10 @@ class SqliteSchedulerStorage:
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return await self._find(ManifestRun, "runs", replays=run_id)
+
+    async def run_for_job(self, job_id: str) -> ManifestRun | None:
+        sql = f"SELECT id, doc FROM runs WHERE {_RUN_JOB} = ? LIMIT 1"
+        return next(iter(self._parsed(ManifestRun, "runs", await self._docs(sql, job_id))), None)
 
     # dead letters
     async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
