@@ -73,7 +73,11 @@ class ManagerCore:
         """The job's actor, created (activated) if need be; the lookup runs off the loop."""
         return await asyncio.to_thread(actors.job_actor, job_id, *self._job_args)
 
-    async def start(self, job_type: str, request: Any) -> tuple[str, StartJobError | None]:
+    async def start(
+        self, job_type: str, request: Any, job_id: str | None = None
+    ) -> tuple[str, StartJobError | None]:
+        """Starts a job; `job_id` (a fresh id) is the caller's choice when given: the
+        scheduler links a run to its job before the job's steps can ask for it."""
         # Before anything is stored: a request is stored whole in the job's record.
         size = len(to_json(request, serialize_unknown=True))
         if size > self.options.max_request_bytes:
@@ -90,7 +94,7 @@ class ManagerCore:
             validated = cls.request_type().model_validate(request)
         except ValidationError as error:
             raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
-        job_id = uuid.uuid4().hex
+        job_id = job_id or uuid.uuid4().hex
         state = JobState(
             id=job_id,
             scope=self.key.scope,
@@ -247,8 +251,10 @@ class JobsManagerActor:
             # A manager killed mid-drain comes back and drains again from storage.
             self.core.tasks.spawn("restart rehydration", self.core.rehydrate())
 
-    async def start(self, job_type: str, request: Any) -> tuple[str, StartJobError | None]:
-        return await self.core.start(job_type, request)
+    async def start(
+        self, job_type: str, request: Any, job_id: str | None = None
+    ) -> tuple[str, StartJobError | None]:
+        return await self.core.start(job_type, request, job_id)
 
     async def get(self, job_id: str) -> JobState:
         return await self.core.get(job_id)

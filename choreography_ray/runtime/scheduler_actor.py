@@ -50,13 +50,13 @@ class RayJobsPort:
         self._manager_args = (storage_url, options_json, ns)
 
     async def start_job(
-        self, scope: str, namespace: str, job_type: str, request: dict[str, Any]
+        self, scope: str, namespace: str, job_type: str, request: dict[str, Any], job_id: str
     ) -> str:
         try:
             manager = await asyncio.to_thread(
                 actors.manager_actor, scope, namespace, *self._manager_args
             )
-            job_id, _ = await manager.start.remote(job_type, request)
+            started, _ = await manager.start.remote(job_type, request, job_id)
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
             refused = isinstance(cause, TypeImportError) or (
@@ -66,7 +66,7 @@ class RayJobsPort:
         except ray.exceptions.RayError as error:
             raise DispatchError(f"{type(error).__name__}: {error}", reached=False) from None
         # A start error of the first stage leaves a job that runs anyway: its end settles it.
-        return str(job_id)
+        return str(started)
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         views: dict[str, JobView] = {}

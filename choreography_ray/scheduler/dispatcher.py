@@ -5,12 +5,14 @@ a run another run already replays, or whose manifest has since opted out, is dis
 it and asks afresh. A dispatch that never reached the jobs manager is requeued with the dispatch
 backoff (`dispatching.after_dispatch_failure`) and its run is DISPATCH_REQUEUED; once it has
 used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an
-unknown type, a request that does not validate) is a failed run at once.
+unknown type, a request that does not validate) is a failed run at once. A run's job id is
+chosen and stored on the run before its job starts, so the job's steps find their run.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from choreography_ray.scheduler import dispatching, replay
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -63,9 +65,14 @@ class Dispatcher:
                 log.info("scheduler/%s: run %s asks afresh (%s): it was queued to replay %s",
                          self.scope, run.id, link.afresh, replays)  # fmt: skip
             replays = link.replays
+        # The job's id is chosen here and stored on the run before the job starts, with the
+        # link it keeps: a step that asks `decide` finds its run (`run_for_job`) from its
+        # first moment. The run stays QUEUED until the start returns.
+        job_id = uuid.uuid4().hex
+        await self.storage.save_run(run.model_copy(update={"job_id": job_id, "replays": replays}))
         try:
             job_id = await self.jobs.start_job(self.scope, run.namespace, run.job_type,
-                                               run.request)  # fmt: skip
+                                               run.request, job_id)  # fmt: skip
         except DispatchError as error:
             await self.failed(entry, run, str(error), reached=error.reached)
             return

@@ -38,10 +38,10 @@ class JobView:
 
 class JobsPort(Protocol):
     async def start_job(
-        self, scope: str, namespace: str, job_type: str, request: dict[str, Any]
+        self, scope: str, namespace: str, job_type: str, request: dict[str, Any], job_id: str
     ) -> str:
-        """Starts a job of `job_type` (an import path) in (scope, namespace); its id. Raises
-        `DispatchError`."""
+        """Starts a job of `job_type` (an import path) in (scope, namespace) with the id
+        `job_id` (fresh, chosen by the dispatcher); its id. Raises `DispatchError`."""
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         """The jobs' statuses; a job that no longer exists (removed) is left out."""

@@ -8,7 +8,6 @@ waiting in real time.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -64,9 +63,11 @@ class FakeJobs:
     #: Per job type: how its jobs end, over `ends_as`.
     ends_by_type: dict[str, JobView] = field(default_factory=dict)
     types: list[str] = field(default_factory=list)
+    #: Called with each started job's id, as the job's steps would run: before it returns.
+    on_start: Callable[[str], Coroutine[Any, Any, None]] | None = None
 
     async def start_job(
-        self, scope: str, namespace: str, job_type: str, request: dict[str, Any]
+        self, scope: str, namespace: str, job_type: str, request: dict[str, Any], job_id: str
     ) -> str:
         self.attempts.append(self.clock())
         if self.unreachable:
@@ -74,10 +75,11 @@ class FakeJobs:
             raise DispatchError("the jobs manager did not answer", reached=False)
         if self.refuse:
             raise DispatchError("not a Job", reached=True)
-        job_id = uuid.uuid4().hex
         self.jobs[job_id] = self.ends_by_type.get(job_type, self.ends_as)
         self.started.append(Started(job_id, request, self.clock()))
         self.types.append(job_type)
+        if self.on_start is not None:
+            await self.on_start(job_id)
         return job_id
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:

@@ -29,7 +29,7 @@ class FakeManager:
         self.outcome = outcome
         self.start = self
 
-    def remote(self, job_type: str, request: dict[str, Any]) -> Any:
+    def remote(self, job_type: str, request: dict[str, Any], job_id: str) -> Any:
         async def answer() -> Any:
             if isinstance(self.outcome, BaseException):
                 raise self.outcome
@@ -42,7 +42,7 @@ def start_with(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> str:
     monkeypatch.setattr(actors, "manager_actor", lambda *args: FakeManager(outcome))
     port = shell.RayJobsPort(storage=None, storage_url="sqlite:///x.db", options_json="{}",  # type: ignore[arg-type]
                              ns="n")  # fmt: skip
-    return asyncio.run(port.start_job("s", "n", "pkg:J", {}))
+    return asyncio.run(port.start_job("s", "n", "pkg:J", {}, "job-1"))
 
 
 def test_a_started_job__its_id_even_with_a_first_stage_start_error(
