@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import typing
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict
 
+if TYPE_CHECKING:
+    from choreography_ray.scheduler.deciding import JobDecisions
+
 RequestT = TypeVar("RequestT", bound=BaseModel)
+T = TypeVar("T")
+A = TypeVar("A")
 
 
 class StepResult(BaseModel):
@@ -36,15 +43,28 @@ class StepContext:
 
     A stop or removal of the job sets the signal; a step may check `is_cancelled` (also from a
     worker thread) or `await context.cancelled()`. A step that ignores it is counted when it ends.
+
+    `await context.decide(question, state, ask)` records `ask()`'s answer for the job's
+    scheduler run and replays a failed run's answers into its retry (docs/scheduler.md,
+    "Decisions of a run"); a sync `perform` calls `context.decide_sync(...)`.
     """
 
-    __slots__ = ("_cancelled", "_event", "attempt", "job_id", "stage", "step_id")
+    __slots__ = ("_cancelled", "_decisions", "_event", "attempt", "job_id", "stage", "step_id")
 
-    def __init__(self, job_id: str, step_id: str, stage: int, attempt: int) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        step_id: str,
+        stage: int,
+        attempt: int,
+        decisions: JobDecisions | None = None,
+    ) -> None:
         self.job_id = job_id
         self.step_id = step_id
         self.stage = stage
         self.attempt = attempt
+        # The step host's, shared by its steps: nothing is read unless `decide` is called.
+        self._decisions = decisions
         # A plain flag (read from any thread) and an event made only for a step that awaits
         # it: a context is made per step on the hot path.
         self._cancelled = False
@@ -67,6 +87,78 @@ class StepContext:
         self._cancelled = True
         if self._event is not None:
             self._event.set()
+
+    @overload
+    async def decide(
+        self,
+        question: str,
+        state: BaseModel | Mapping[str, Any],
+        ask: Callable[[], Awaitable[T] | T],
+    ) -> T: ...
+
+    @overload
+    async def decide(
+        self,
+        question: str,
+        state: BaseModel | Mapping[str, Any],
+        ask: Callable[[], Any],
+        *,
+        answer_type: type[A],
+    ) -> A: ...
+
+    async def decide(
+        self,
+        question: str,
+        state: BaseModel | Mapping[str, Any],
+        ask: Callable[[], Any],
+        *,
+        answer_type: Any = None,
+    ) -> Any:
+        """The answer to `question` about `state`: recorded for this job's scheduler run, and
+        in a retry the failed run's answer when it was asked the same way about a state that
+        hashes the same, younger than `replay_answers_for`; else `ask()`'s (awaited when it is
+        awaitable), recorded. In a scheduler run the answer is returned as stored, as JSON (a
+        model as `model_dump(mode="json")`), or validated into `answer_type`; in a job that is
+        no scheduler run, `ask()`'s answer as it is, recorded nowhere."""
+        if self._decisions is None:
+            answer = ask()
+            return await answer if inspect.isawaitable(answer) else answer
+        return await self._decisions.decide(self.job_id, question, state, ask, answer_type)
+
+    @overload
+    def decide_sync(
+        self,
+        question: str,
+        state: BaseModel | Mapping[str, Any],
+        ask: Callable[[], T],
+    ) -> T: ...
+
+    @overload
+    def decide_sync(
+        self,
+        question: str,
+        state: BaseModel | Mapping[str, Any],
+        ask: Callable[[], Any],
+        *,
+        answer_type: type[A],
+    ) -> A: ...
+
+    def decide_sync(
+        self,
+        question: str,
+        state: BaseModel | Mapping[str, Any],
+        ask: Callable[[], Any],
+        *,
+        answer_type: Any = None,
+    ) -> Any:
+        """`decide` for a sync `perform` (in its worker thread): the storage calls run on the
+        step host's event loop, `ask` in this thread. Raises `RuntimeError` on the loop itself."""
+        if self._decisions is None:
+            answer = ask()
+            if inspect.isawaitable(answer):
+                raise TypeError("decide_sync outside a step host: ask must answer at once")
+            return answer
+        return self._decisions.decide_sync(self.job_id, question, state, ask, answer_type)
 
 
 class JobStep(Generic[RequestT]):

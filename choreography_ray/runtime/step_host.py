@@ -35,7 +35,8 @@ from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.messages import Outcome, StartWire, StepStart, starts_from_wire
-from choreography_ray.runtime.shared_storage import open_shared_storage
+from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
+from choreography_ray.scheduler.deciding import JobDecisions
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.step import JobStep, StepContext, StepResult
 from choreography_ray.storage import LeaseRenewal, StepUpdate, redact_url
@@ -56,6 +57,12 @@ class Tenant:
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, namespace)
         self.commit = GroupCommit(self.storage, self.options.group_commit_delay.total_seconds())
+        #: `StepContext.decide` of this tenant's steps: each job's scheduler run, found once.
+        self.decisions = JobDecisions(
+            lambda: shared_scheduler_storage(self.storage),
+            self.options.scheduler.replay_answers_for,
+            asyncio.get_running_loop(),
+        )
         self.delivery = Delivery(self.options, namespace, self.job_exists)
         #: The steps whose lease the host renews, (job_id, step_id) -> attempt. A step leaves
         #: as soon as its outcome is known, before the outcome is written.
@@ -147,7 +154,7 @@ class StepHostCore:
             for step in steps:
                 key = (job_id, step.step_id)
                 self.running[key] = (
-                    StepContext(job_id, step.step_id, step.stage, step.attempt),
+                    StepContext(job_id, step.step_id, step.stage, step.attempt, tenant.decisions),
                     None,
                 )
                 tenant.leased[key] = step.attempt
@@ -348,7 +355,9 @@ class StepHostCore:
         self.holds[job_id] -= n
         if self.holds[job_id] <= 0:
             del self.holds[job_id]
-            self.job_tenant.pop(job_id, None)
+            tenant = self.job_tenant.pop(job_id, None)
+            if tenant is not None:
+                tenant.decisions.forget(job_id)
             self.removing_jobs.discard(job_id)
 
     def _pop_running(self, key: tuple[str, str]) -> None:

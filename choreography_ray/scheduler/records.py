@@ -161,8 +161,11 @@ class Decision(_Record):
     question: str
     #: `decisions.state_hash(state)`: a stable hash of the state's canonical JSON.
     state_hash: str
+    #: The answer as JSON (what `decide` stored, and returns on a replay).
     answer: Any = None
     recorded_at: datetime = Field(default_factory=utcnow)
+    #: Replayed from the run this run replays, rather than asked here.
+    replayed: bool = False
 
     @property
     def key(self) -> str:
