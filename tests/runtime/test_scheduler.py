@@ -18,6 +18,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from tests.runtime.decide_jobs import DecideRequest, DecidesThenFails
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.test_recovery import _run as run_script
 from tests.support import RAY_NAMESPACE, eventually
@@ -110,6 +111,34 @@ def test_requeue__a_dead_letter_runs_at_once_and_its_count_starts_afresh(
     assert again[0].run_id == run_id and again[0].retry_count_at_dead_letter == 1
 
 
+def test_decide__a_retry_replays_the_failed_runs_answers_once_and_the_next_asks_afresh(
+    connect,
+    scope: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Each run's steps ask `decide` (async and sync perform) and fail: the first run asks,
+    its retry replays the answers (ask not called), the next retry asks afresh."""
+    options = FAST_SCHEDULER.model_copy(
+        update={"default_retry_delay": timedelta(seconds=0.5), "retry_backoff_multiplier": 1.0}
+    )
+    sched = connect(scheduler=options).scheduler(scope)
+    try:
+        request = DecideRequest(directory=str(tmp_path))
+        sched.schedule("decides", DecidesThenFails, request, every=timedelta(minutes=10),
+                       max_retries=2)  # fmt: skip
+        eventually(lambda: sched.dead_letters("decides"), 60, "the dead letter")
+        runs = sorted(sched.runs("decides"), key=lambda r: r.queued_at)
+        assert [r.status for r in runs] == [cr.RunStatus.FAILED] * 3
+        assert [r.replays for r in runs] == [None, runs[0].id, None]
+        for question in ("async", "sync"):
+            asked = (tmp_path / f"asked-{question}").read_text().splitlines()
+            answers = (tmp_path / f"answers-{question}").read_text().splitlines()
+            assert len(asked) == 2, question  # the first run and the third
+            assert answers == ['{"pick": "a"}'] * 3, question
+    finally:
+        ray.kill(ray.get_actor(f"scheduler/{scope}", namespace=RAY_NAMESPACE), no_restart=True)
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
@@ -143,6 +172,7 @@ import json, sys
 from datetime import timedelta
 import choreography_ray as cr
 from tests.runtime.recovery_jobs import LoggedJob, LoggedRequest
+from tests.runtime.decide_jobs import DecideRequest, DecidesThenFails
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.test_recovery import _run as run_script
 OPTIONS = cr.JobsOptions(reconciliation_interval=0, job_watchdog_interval=0.5,
