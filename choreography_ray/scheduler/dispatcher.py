@@ -93,7 +93,8 @@ class Dispatcher:
         """A dispatch of `entry` failed: requeued with the dispatch backoff, or (refused by the
         jobs manager, or out of attempts) its run failed."""
         retry = dispatching.after_dispatch_failure(entry.dispatch_attempts, self.options)
-        attempts = {"dispatch_attempts": entry.dispatch_attempts, "error": why}
+        # No job of its own: the id chosen for the start that failed is cleared.
+        attempts = {"dispatch_attempts": entry.dispatch_attempts, "error": why, "job_id": None}
         if not reached and not retry.gives_up:
             assert retry.delay is not None
             if await self.storage.requeue_dispatch(entry.id, retry.delay) is not None:

@@ -334,3 +334,23 @@ def test_a_run_is_linked_to_its_job_before_it_starts_and_unlinked_if_it_never_do
         assert started.job_id is not None and [r and r.id for r in seen] == [started.id]
 
     run(scenario)
+
+
+def test_a_run_an_activation_claimed_and_linked_but_never_started_is_handed_back_unlinked() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.minutes(10))
+        await core.run_cycle()
+        # An activation claims the entry and links the run to a job id, then dies.
+        (entry,) = await h.storage.claim_due("s")
+        run_ = await h.storage.get_run(entry.run_id)
+        assert run_ is not None
+        await h.storage.save_run(run_.model_copy(update={"job_id": "never-started"}))
+        await core.run_cycle()
+        handed_back = await h.storage.get_run(entry.run_id)
+        assert handed_back is not None and handed_back.status is RunStatus.DISPATCH_REQUEUED
+        assert handed_back.job_id is None
+        assert await h.storage.run_for_job("never-started") is None
+
+    run(scenario)
