@@ -18,6 +18,12 @@ class DecideRequest(BaseModel):
     question: str = "async"
 
 
+def _question(request: DecideRequest) -> str:
+    """Each step its own question: one asked the same way about the same state in one run
+    is answered once, by the run's recorded answer."""
+    return f"which lead? ({request.question})"
+
+
 def _ask(request: DecideRequest) -> dict[str, str]:
     with (Path(request.directory) / f"asked-{request.question}").open("a") as counter:
         counter.write("asked\n")
@@ -32,13 +38,13 @@ def _acted_on(request: DecideRequest, answer: object) -> cr.StepResult:
 
 class AsksThenFails(cr.JobStep[DecideRequest]):
     async def perform(self, request: DecideRequest, context: cr.StepContext) -> cr.StepResult:
-        answer = await context.decide("which lead?", {"lead": "ada"}, lambda: _ask(request))
+        answer = await context.decide(_question(request), {"lead": "ada"}, lambda: _ask(request))
         return _acted_on(request, answer)
 
 
 class SyncAsksThenFails(cr.JobStep[DecideRequest]):
     def perform(self, request: DecideRequest, context: cr.StepContext) -> cr.StepResult:
-        answer = context.decide_sync("which lead?", {"lead": "ada"}, lambda: _ask(request))
+        answer = context.decide_sync(_question(request), {"lead": "ada"}, lambda: _ask(request))
         return _acted_on(request, answer)
 
 
