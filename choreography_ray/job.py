@@ -35,6 +35,9 @@ class Job(Generic[RequestT]):
     max_active_steps: ClassVar[int | None] = None
     #: Whether `retry_failed_steps` may run this job's failed steps again.
     can_retry_failed_steps: ClassVar[bool] = False
+    #: Whether a scheduler's retry of a failed run of this job type resumes after the failed
+    #: run's latest completed stage (docs/scheduler.md, "Checkpoints"), instead of the top.
+    checkpoint_stages: ClassVar[bool] = False
 
     job_id: str
     scope: str

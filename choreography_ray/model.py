@@ -88,6 +88,23 @@ class StageProgress(_Record):
         return done >= self.total_steps
 
 
+class StageShape(_Record):
+    """A stage of a plan and its step count: what a checkpoint's layout is made of."""
+
+    stage: int
+    steps: int
+
+
+class ResumeAfter(_Record):
+    """A job that starts after a checkpoint: the stages up to `stage` are not run again (their
+    steps are counted as succeeded), when the plan's stage layout is still `layout`."""
+
+    stage: int
+    layout: tuple[StageShape, ...]
+    #: The scheduler run whose checkpoint it is.
+    source: str
+
+
 class JobProgress(_Record):
     total_steps: int = 0
     successful_steps: int = 0
@@ -142,6 +159,10 @@ class JobState(_Record):
     records_counted_steps: bool = False
     #: Why the job is FAILED, when it is.
     error: str | None = None
+    #: The checkpoint it starts after (a scheduler's retry of a job type with
+    #: `checkpoint_stages`). Once the plan is stored it is kept only when the plan's stage
+    #: layout matched and stages were skipped; otherwise cleared, and the job ran from the top.
+    resume_after: ResumeAfter | None = None
     version: int = 0
 
     @property

@@ -59,12 +59,12 @@ from choreography_ray.errors import (
     StopJobError,
 )
 from choreography_ray.job import Job, StepSpec
-from choreography_ray.model import JobState, StatusChange, StepState
+from choreography_ray.model import JobState, ResumeAfter, StatusChange, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.step import JobStep
-from choreography_ray.storage import StepUpdate, Storage, step_pages
+from choreography_ray.storage import PlannedStep, StepUpdate, Storage, step_pages
 from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,9 @@ class JobCore:
         self.state = await self.storage.get_job(self.job_id)
         if self.state is None:
             return
-        self.stages = Stages.from_progress(self.state.progress)
+        resumed = self.state.resume_after
+        skipped_through = None if resumed is None else resumed.stage
+        self.stages = Stages.from_progress(self.state.progress, skipped_through)
         try:
             job_type = import_type(self.state.type, self.options.allowed_type_prefixes)
             if not issubclass(job_type, Job):  # checked before anything from storage is built
@@ -272,15 +274,40 @@ class JobCore:
 
     async def _persist_plan(self, specs: list[StepSpec]) -> None:
         records, plan = make_plan(specs)
+        stages = Stages.from_totals({stage: len(starts) for stage, starts in plan.items()})
+        resume = self._state.resume_after
+        if resume is not None:
+            resume = self._skip_checkpointed(stages, resume, records, plan)
         for offset in range(0, len(records), PLAN_CHUNK):
             await self.storage.insert_plan(self.job_id, records[offset : offset + PLAN_CHUNK])
-        stages = Stages.from_totals({stage: len(starts) for stage, starts in plan.items()})
-        self.state = self._state.model_copy(
-            update={"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
-        )
+        update = {"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
+        self.state = self._state.model_copy(update={**update, "resume_after": resume})
         self.stages = stages
         await self._set_status(JobStatus.PREPARING_STEPS)
         self._plan = plan
+
+    def _skip_checkpointed(
+        self,
+        stages: Stages,
+        resume: ResumeAfter,
+        records: list[PlannedStep],
+        plan: dict[int, list[StepStart]],
+    ) -> ResumeAfter | None:
+        """A start after a checkpoint: the checkpointed stages' steps are counted as succeeded
+        and taken out of `records` and `plan` (never stored, never run). The resume as kept (its
+        `stage` the last one skipped), or None when the layout changed and the job runs from
+        the top."""
+        skipped = stages.skip_through(resume)
+        if not skipped:
+            log.warning("job %s runs from the top: its plan's stage layout is not the one of run "
+                        "%s's checkpoint", self.job_id, resume.source)  # fmt: skip
+            return None
+        records[:] = [r for r in records if r.stage > skipped[-1]]
+        for stage in skipped:
+            del plan[stage]
+        log.info("job %s resumes after stage %d of run %s: stage(s) %s are not run again",
+                 self.job_id, skipped[-1], resume.source, skipped)  # fmt: skip
+        return resume.model_copy(update={"stage": skipped[-1]})
 
     def _start_error(self, answers: list[bool]) -> StartJobError | None:
         """The first stage's start error: no step of it started, or some did not."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from choreography_ray.job import Job, StepSpec
-from choreography_ray.model import JobProgress, StageProgress
+from choreography_ray.model import JobProgress, ResumeAfter, StageProgress, StageShape
 from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import UNFINISHED_STEP, JobStageFailureBehavior, StepStatus
 from choreography_ray.storage import PlannedStep, StatusCounts, StepUpdate, Storage, step_pages
@@ -45,15 +45,17 @@ class StageCounter:
 class Stages:
     """The stages of a plan in the order they run (by value; gaps are harmless)."""
 
-    def __init__(self, counters: list[StageCounter]) -> None:
+    def __init__(self, counters: list[StageCounter], skipped_through: int | None = None) -> None:
         self.counters = {c.stage: c for c in sorted(counters, key=lambda c: c.stage)}
+        #: The last stage a resume after a checkpoint skipped (`skip_through`), or None.
+        self.skipped_through = skipped_through
 
     @classmethod
     def from_totals(cls, totals: dict[int, int]) -> Stages:
         return cls([StageCounter(stage, total) for stage, total in totals.items()])
 
     @classmethod
-    def from_progress(cls, progress: JobProgress) -> Stages:
+    def from_progress(cls, progress: JobProgress, skipped_through: int | None = None) -> Stages:
         return cls(
             [
                 StageCounter(
@@ -66,7 +68,8 @@ class Stages:
                     s.stopped_steps,
                 )
                 for s in progress.stages
-            ]
+            ],
+            skipped_through,
         )
 
     @property
@@ -75,7 +78,26 @@ class Stages:
         return len(self.counters) > 1
 
     def first(self) -> int:
+        """The first stage to run: the plan's first, or the first after a resume's skipped ones."""
+        if self.skipped_through is not None:
+            return self.next_after(self.skipped_through) or 0
         return next(iter(self.counters), 0)
+
+    def layout(self) -> tuple[StageShape, ...]:
+        return tuple(StageShape(stage=c.stage, steps=c.total) for c in self.counters.values())
+
+    def skip_through(self, resume: ResumeAfter | None) -> list[int]:
+        """A resume after a checkpoint: the stages up to the checkpoint's, never the plan's last,
+        are counted as succeeded and not run; which. None when there is no resume or the plan's
+        stage layout is no longer the checkpoint's (the job runs from the top)."""
+        if resume is None or self.layout() != resume.layout:
+            return []
+        skipped = [s for s in self.counters if s <= resume.stage][: len(self.counters) - 1]
+        for stage in skipped:
+            counter = self.counters[stage]
+            counter.is_started, counter.successful = True, counter.total
+        self.skipped_through = skipped[-1] if skipped else None
+        return skipped
 
     def after(self, stage: int) -> list[int]:
         return [s for s in self.counters if s > stage]

@@ -28,7 +28,7 @@ from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
 from choreography_ray.errors import JobLookupError, JobOperationError, StartJobError
 from choreography_ray.job import Job
-from choreography_ray.model import JobsManagerKey, JobState, StepState
+from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.names import manager_name
@@ -74,10 +74,16 @@ class ManagerCore:
         return await asyncio.to_thread(actors.job_actor, job_id, *self._job_args)
 
     async def start(
-        self, job_type: str, request: Any, job_id: str | None = None
+        self,
+        job_type: str,
+        request: Any,
+        job_id: str | None = None,
+        resume_after: ResumeAfter | None = None,
     ) -> tuple[str, StartJobError | None]:
         """Starts a job; `job_id` (a fresh id) is the caller's choice when given: the
-        scheduler links a run to its job before the job's steps can ask for it."""
+        scheduler links a run to its job before the job's steps can ask for it. A job type
+        with `checkpoint_stages` starts after `resume_after`'s stage (the scheduler's retry
+        of a failed run); another ignores it."""
         # Before anything is stored: a request is stored whole in the job's record.
         size = len(to_json(request, serialize_unknown=True))
         if size > self.options.max_request_bytes:
@@ -101,6 +107,7 @@ class ManagerCore:
             namespace=self.key.namespace,
             type=job_type,
             request=validated.model_dump(mode="json"),
+            resume_after=resume_after if cls.checkpoint_stages else None,
         ).with_status(JobStatus.PREPARING_JOB)
         self._starting.add(job_id)
         try:
@@ -252,9 +259,13 @@ class JobsManagerActor:
             self.core.tasks.spawn("restart rehydration", self.core.rehydrate())
 
     async def start(
-        self, job_type: str, request: Any, job_id: str | None = None
+        self,
+        job_type: str,
+        request: Any,
+        job_id: str | None = None,
+        resume_after: ResumeAfter | None = None,
     ) -> tuple[str, StartJobError | None]:
-        return await self.core.start(job_type, request, job_id)
+        return await self.core.start(job_type, request, job_id, resume_after)
 
     async def get(self, job_id: str) -> JobState:
         return await self.core.get(job_id)

@@ -18,6 +18,8 @@ from typing import Any
 import ray
 
 from choreography_ray.errors import JobOperationError, StartJobError, TypeImportError
+from choreography_ray.job import Job
+from choreography_ray.model import ResumeAfter
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
@@ -33,6 +35,7 @@ from choreography_ray.scheduler.records import (
 from choreography_ray.scheduler.schedules import Schedule
 from choreography_ray.scheduler.status import DeadLetterStatus
 from choreography_ray.storage import Storage
+from choreography_ray.types import import_type
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +51,23 @@ class RayJobsPort:
     def __init__(self, storage: Storage, storage_url: str, options_json: str, ns: str) -> None:
         self.storage = storage
         self._manager_args = (storage_url, options_json, ns)
+        options = JobsOptions.model_validate_json(options_json)
+        self.allowed_type_prefixes = options.allowed_type_prefixes
 
     async def start_job(
-        self, scope: str, namespace: str, job_type: str, request: dict[str, Any], job_id: str
+        self,
+        scope: str,
+        namespace: str,
+        job_type: str,
+        request: dict[str, Any],
+        job_id: str,
+        resume_after: ResumeAfter | None = None,
     ) -> str:
         try:
             manager = await asyncio.to_thread(
                 actors.manager_actor, scope, namespace, *self._manager_args
             )
-            started, _ = await manager.start.remote(job_type, request, job_id)
+            started, _ = await manager.start.remote(job_type, request, job_id, resume_after)
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
             refused = isinstance(cause, TypeImportError) or (
@@ -73,8 +84,20 @@ class RayJobsPort:
         for job_id in job_ids:
             state = await self.storage.get_job(job_id)
             if state is not None:
-                views[job_id] = JobView(state.status, state.stop_finalized)
+                # A job that failed before its plan was stored never resumed.
+                resumed = state.resume_after if state.has_plan else None
+                views[job_id] = JobView(state.status, state.stop_finalized,
+                                        state.progress.stages, resumed)  # fmt: skip
         return views
+
+    def checkpoint_stages(self, job_type: str) -> bool:
+        try:
+            cls = import_type(job_type, self.allowed_type_prefixes)
+        except Exception as error:
+            log.warning("job type %s cannot be imported here (%s): its runs are not resumed "
+                        "from checkpoints", job_type, error)  # fmt: skip
+            return False
+        return isinstance(cls, type) and issubclass(cls, Job) and cls.checkpoint_stages
 
 
 @ray.remote

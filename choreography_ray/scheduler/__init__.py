@@ -10,6 +10,7 @@ The rules are pure modules that import no `ray` and do no I/O, each named for it
 `choreography_ray.storage.scheduler`.
 """
 
+from choreography_ray.model import StageShape
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import (
     Checkpoint,
@@ -18,7 +19,6 @@ from choreography_ray.scheduler.records import (
     Manifest,
     ManifestRun,
     RequeueResult,
-    StageShape,
     TriggerResult,
     WorkEntry,
 )

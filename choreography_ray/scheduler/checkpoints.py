@@ -1,7 +1,8 @@
 """Checkpoints: a retry of a job type that opts in (`checkpoint_stages = True`) resumes after the
 failed run's latest completed stage instead of running every stage again.
 
-A checkpoint is a stage whose every step succeeded. The failed run's checkpoints are followed
+A checkpoint is a stage whose every step succeeded, as did every stage before it. The failed
+run's checkpoints are followed
 back through `resumed_from` (a run that was itself a resume skipped the stages before its
 source's checkpoint), so a second failure after a resume resumes from the same checkpoint, or a
 later one the resumed run completed. A checkpoint is used only while the plan's stage layout
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from choreography_ray.model import StageProgress
-from choreography_ray.scheduler.records import Checkpoint, ManifestRun, StageShape
+from choreography_ray.model import StageProgress, StageShape
+from choreography_ray.scheduler.records import Checkpoint, ManifestRun
 
 #: Runs followed back through `resumed_from` at most (a cycle in stored links ends there).
 MAX_CHAIN = 1_000
@@ -28,6 +29,18 @@ def is_checkpoint(stage: StageProgress) -> bool:
 
 def layout_of(stages: Sequence[StageProgress]) -> tuple[StageShape, ...]:
     return tuple(StageShape(stage=s.stage, steps=s.total_steps) for s in stages)
+
+
+def latest_checkpoint(stages: Sequence[StageProgress]) -> int | None:
+    """The last stage of the run's unbroken run of completed stages from its first, or None.
+    A completed stage after one with failures (a stage that continues on failure) is none:
+    resuming after it would skip the failed one."""
+    latest = None
+    for stage in sorted(stages, key=lambda s: s.stage):
+        if not is_checkpoint(stage):
+            break
+        latest = stage.stage
+    return latest
 
 
 def resume_chain(failed: ManifestRun, runs: Mapping[str, ManifestRun]) -> list[str]:

@@ -6,7 +6,9 @@ it and asks afresh. A dispatch that never reached the jobs manager is requeued w
 backoff (`dispatching.after_dispatch_failure`) and its run is DISPATCH_REQUEUED; once it has
 used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an
 unknown type, a request that does not validate) is a failed run at once. A run's job id is
-chosen and stored on the run before its job starts, so the job's steps find their run.
+chosen and stored on the run before its job starts, so the job's steps find their run. An
+entry that resumes a failed run starts its job after that run's latest checkpoint
+(`checkpoints.resume_point`); without one it runs from the top, its `resumed_from` cleared.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import logging
 import uuid
 
-from choreography_ray.scheduler import dispatching, replay
+from choreography_ray.model import ResumeAfter
+from choreography_ray.scheduler import checkpoints, dispatching, replay
+from choreography_ray.scheduler.manifest_manager import HISTORY_RUNS, chain_checkpoints
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import DispatchError, JobsPort
 from choreography_ray.scheduler.records import ManifestRun, WorkEntry
@@ -68,11 +72,13 @@ class Dispatcher:
         # The job's id is chosen here and stored on the run before the job starts, with the
         # link it keeps: a step that asks `decide` finds its run (`run_for_job`) from its
         # first moment. The run stays QUEUED until the start returns.
+        resume = None if entry.resume_from is None else await self._resume_after(entry)
+        links = {"replays": replays, "resumed_from": None if resume is None else entry.resume_from}
         job_id = uuid.uuid4().hex
-        await self.storage.save_run(run.model_copy(update={"job_id": job_id, "replays": replays}))
+        await self.storage.save_run(run.model_copy(update={"job_id": job_id, **links}))
         try:
             job_id = await self.jobs.start_job(self.scope, run.namespace, run.job_type,
-                                               run.request, job_id)  # fmt: skip
+                                               run.request, job_id, resume)  # fmt: skip
         except DispatchError as error:
             await self.failed(entry, run, str(error), reached=error.reached)
             return
@@ -83,9 +89,32 @@ class Dispatcher:
         await self.storage.save_run(run.model_copy(update={
             "status": RunStatus.RUNNING, "job_id": job_id, "started_at": now,
             "dispatched_at": entry.dispatched_at, "dispatch_attempts": entry.dispatch_attempts,
-            "replays": replays, "error": None,
+            "error": None, **links,
         }))  # fmt: skip
         self.started += 1
+
+    async def _resume_after(self, entry: WorkEntry) -> ResumeAfter | None:
+        """The checkpoint the entry's run starts after: the latest of the run it resumes (and
+        of the runs that one resumed from); None when there is none or it cannot be read (the
+        run starts from the top)."""
+        assert entry.resume_from is not None
+        try:
+            failed = await self.storage.get_run(entry.resume_from)
+            history = await self.storage.list_runs(self.scope, entry.manifest, HISTORY_RUNS)
+            runs = {r.id: r for r in history}
+            point = None
+            if failed is not None:
+                found = await chain_checkpoints(self.storage, failed, runs)
+                point = checkpoints.resume_point(failed, runs, found)
+        except Exception as error:
+            log.warning("scheduler/%s: run %s's checkpoint could not be read (%s); its retry "
+                        "runs from the top", self.scope, entry.resume_from, error)  # fmt: skip
+            return None
+        if point is None:
+            log.info("scheduler/%s: run %s stored no checkpoint; its retry runs from the top",
+                     self.scope, entry.resume_from)  # fmt: skip
+            return None
+        return ResumeAfter(stage=point.stage, layout=point.layout, source=point.run_id)
 
     async def failed(
         self, entry: WorkEntry, run: ManifestRun, why: str, *, reached: bool = False

@@ -12,15 +12,16 @@ A manifest whose turn fails is logged by name and holds up no other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from choreography_ray.scheduler import cycle
+from choreography_ray.scheduler import checkpoints, cycle
 from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue
 from choreography_ray.scheduler.options import SchedulerOptions
-from choreography_ray.scheduler.port import JobsPort, run_status_of
+from choreography_ray.scheduler.port import JobsPort, JobView, run_status_of
 from choreography_ray.scheduler.records import (
+    Checkpoint,
     DeadLetter,
     Manifest,
     ManifestRun,
@@ -40,8 +41,21 @@ HISTORY_RUNS = 100
 Unclaim = Callable[[WorkEntry, ManifestRun, str], Coroutine[Any, Any, None]]
 
 
-async def gather(storage: SchedulerStorage, manifest: Manifest) -> History:
-    """What `cycle.plan` and `cycle.trigger` read about `manifest`."""
+async def chain_checkpoints(
+    storage: SchedulerStorage, failed: ManifestRun, runs: Mapping[str, ManifestRun]
+) -> dict[str, list[Checkpoint]]:
+    """The checkpoints of `failed` and of the runs it resumed from, by run id."""
+    return {
+        run_id: await storage.list_checkpoints(run_id)
+        for run_id in checkpoints.resume_chain(failed, runs)
+    }
+
+
+async def gather(
+    storage: SchedulerStorage, manifest: Manifest, *, checkpoint_stages: bool = False
+) -> History:
+    """What `cycle.plan` and `cycle.trigger` read about `manifest`; the checkpoints of its
+    latest failed run's chain when its job type opts in."""
     scope, name = manifest.scope, manifest.name
     runs = await storage.list_runs(scope, name, HISTORY_RUNS)
     parent_runs: list[ManifestRun] = []
@@ -49,14 +63,18 @@ async def gather(storage: SchedulerStorage, manifest: Manifest) -> History:
         parent_runs = await storage.list_runs(scope, manifest.parent, HISTORY_RUNS)
     latest = cycle.latest_finished(runs)
     decisions = {}
+    found: dict[str, list[Checkpoint]] = {}
     if latest is not None and latest.status is RunStatus.FAILED:
         decisions[latest.id] = await storage.count_decisions(latest.id)
+        if checkpoint_stages:
+            found = await chain_checkpoints(storage, latest, {r.id: r for r in runs})
     return History(
         runs=runs,
         dead_letters=await storage.list_dead_letters(scope, name),
         queued=await storage.queued_entries(scope, name),
         parent_runs=parent_runs,
         decisions=decisions,
+        checkpoints=found,
     )
 
 
@@ -117,11 +135,12 @@ class ManifestManager:
         self.cycles += 1
 
     async def manifest_turn(self, manifest: Manifest) -> None:
-        history = await gather(self.storage, manifest)
+        opts_in = self.jobs.checkpoint_stages(manifest.job_type)
+        history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
         if await self._settle(history.runs):
-            history = await gather(self.storage, manifest)
+            history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
         now = await self.storage.now()
-        decided = cycle.plan(manifest, history, self.options, now)
+        decided = cycle.plan(manifest, history, self.options, now, checkpoint_stages=opts_in)
         if isinstance(decided, Queue):
             await self.queue(manifest, decided, EntryKind.SCHEDULED, now)
         elif isinstance(decided, DeadLetterIt):
@@ -145,6 +164,17 @@ class ManifestManager:
                      self.scope, manifest.name, decided.replays)  # fmt: skip
         return done
 
+    async def _save_checkpoint(self, run: ManifestRun, view: JobView, now: datetime) -> None:
+        """A failed run of a job type that opts in: its latest checkpoint, stored before the
+        run is settled (so the cycle that sees it failed sees its checkpoint)."""
+        stage = checkpoints.latest_checkpoint(view.stages)
+        if stage is None or not self.jobs.checkpoint_stages(run.job_type):
+            return
+        await self.storage.save_checkpoint(Checkpoint(
+            run_id=run.id, scope=run.scope, manifest=run.manifest, stage=stage,
+            layout=checkpoints.layout_of(view.stages), completed_at=now,
+        ))  # fmt: skip
+
     async def _settle(self, runs: Sequence[ManifestRun]) -> bool:
         """Settles the runs whose jobs ended, and hands back runs an earlier activation claimed
         but never started; whether anything changed."""
@@ -155,13 +185,19 @@ class ManifestManager:
             now = await self.storage.now()
             for run in running:
                 assert run.job_id is not None
-                status = run_status_of(views.get(run.job_id))
+                view = views.get(run.job_id)
+                status = run_status_of(view)
                 if status is None:
                     continue
-                error = None if run.job_id in views else f"its job {run.job_id} was removed"
-                await self.storage.save_run(
-                    run.model_copy(update={"status": status, "ended_at": now, "error": error})
-                )
+                update: dict[str, Any] = {"status": status, "ended_at": now, "error": None}
+                if view is None:
+                    update["error"] = f"its job {run.job_id} was removed"
+                else:
+                    if status is RunStatus.FAILED:
+                        await self._save_checkpoint(run, view, now)
+                    if view.resumed_after is None:  # its job ran from the top
+                        update["resumed_from"] = None
+                await self.storage.save_run(run.model_copy(update=update))
                 changed = True
         for run in runs:
             waiting = run.status in (RunStatus.QUEUED, RunStatus.DISPATCH_REQUEUED)

@@ -124,9 +124,11 @@ class Operations:
 
     async def trigger(self, name: str, ask_afresh: bool = False) -> TriggerResult:
         manifest = await self.manifest(name)
-        history = await gather(self.storage, manifest)
+        opts_in = self.manager.jobs.checkpoint_stages(manifest.job_type)
+        history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
         now = await self.storage.now()
-        decided = cycle.trigger(manifest, history, self.options, now, ask_afresh=ask_afresh)
+        decided = cycle.trigger(manifest, history, self.options, now, ask_afresh=ask_afresh,
+                                checkpoint_stages=opts_in)  # fmt: skip
         if isinstance(decided, Release):
             released = await self.storage.release(decided.entry.id, clear_link=decided.clear_link)
             if released is None:  # the dispatcher claimed it first: it runs as it was queued
@@ -156,9 +158,14 @@ class Operations:
             link = await self._requeue_link(target, ask_afresh)
         if await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED) is None:
             raise _already_resolved(letter)
+        # It resumes after the failed run's checkpoint, if it has one (the dispatcher looks).
+        resume_from = None
+        if target is not None and target.status is RunStatus.FAILED:
+            opts_in = self.manager.jobs.checkpoint_stages(target.job_type)
+            resume_from = target.id if opts_in else None
         now = await self.storage.now()
         entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, is_retry=True,
-                             replays=link.replays)  # fmt: skip
+                             replays=link.replays, resume_from=resume_from)  # fmt: skip
         done = await self.storage.enqueue(entry, run)
         assert done.run is not None  # an entry that holds no manifest key is never refused
         return done.run.id

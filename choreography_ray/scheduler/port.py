@@ -14,6 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from choreography_ray.model import ResumeAfter, StageProgress
 from choreography_ray.scheduler.status import RunStatus
 from choreography_ray.status import JobStatus
 
@@ -34,14 +35,28 @@ class JobView:
     status: JobStatus
     #: A stop is final: every running step reported its stop.
     stop_finalized: bool = False
+    #: Its stages' progress: a failed run's completed stages are its checkpoints.
+    stages: tuple[StageProgress, ...] = ()
+    #: The checkpoint it started after; None when it ran from the top.
+    resumed_after: ResumeAfter | None = None
 
 
 class JobsPort(Protocol):
     async def start_job(
-        self, scope: str, namespace: str, job_type: str, request: dict[str, Any], job_id: str
+        self,
+        scope: str,
+        namespace: str,
+        job_type: str,
+        request: dict[str, Any],
+        job_id: str,
+        resume_after: ResumeAfter | None = None,
     ) -> str:
         """Starts a job of `job_type` (an import path) in (scope, namespace) with the id
-        `job_id` (fresh, chosen by the dispatcher); its id. Raises `DispatchError`."""
+        `job_id` (fresh, chosen by the dispatcher), after `resume_after`'s stage when given;
+        its id. Raises `DispatchError`."""
+
+    def checkpoint_stages(self, job_type: str) -> bool:
+        """Whether the job type opts into checkpoints; False for one that cannot be imported."""
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         """The jobs' statuses; a job that no longer exists (removed) is left out."""

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from choreography_ray.durations import Duration
-from choreography_ray.model import SCHEMA_VERSION, utcnow
+from choreography_ray.model import SCHEMA_VERSION, StageShape, utcnow
 from choreography_ray.scheduler.schedules import After, Schedule
 from choreography_ray.scheduler.status import DeadLetterStatus, EntryKind, RunStatus, WorkStatus
 
@@ -172,11 +172,6 @@ class Decision(_Record):
         from choreography_ray.scheduler.decisions import decision_key
 
         return decision_key(self.question, self.state_hash)
-
-
-class StageShape(_Record):
-    stage: int
-    steps: int
 
 
 class Checkpoint(_Record):

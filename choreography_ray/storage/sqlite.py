@@ -12,7 +12,7 @@ Layout (JSON columns hold pydantic's JSON of the field)::
     jobs                rowid table. id TEXT PRIMARY KEY, scope, namespace, type, status, stage,
                         progress JSON, request JSON, status_changes JSON, has_plan,
                         stop_finalized, records_counted_steps, error, created (ISO-8601, UTC),
-                        version, schema_version.
+                        version, schema_version, resume_after JSON or NULL.
                         Indexes: (scope, namespace, status), (status, stop_finalized).
     job_steps           WITHOUT ROWID. PRIMARY KEY (job_id, step_id); type, stage, status,
                         attempt, lease JSON {silo, activation, heartbeat} or NULL, is_prepared,
@@ -31,7 +31,7 @@ Layout (JSON columns hold pydantic's JSON of the field)::
 
 Opening a file creates what is missing, in one transaction: the tables, then the columns a file
 of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`, `error`,
-`version` and `schema_version` of `jobs`; `attempt`, `lease`, `is_prepared` and
+`version`, `schema_version` and `resume_after` of `jobs`; `attempt`, `lease`, `is_prepared` and
 `schema_version` of `job_steps`), each with the default its field reads as (`schema_version`
 1; `has_plan` 1 for a job whose progress has totals, which are written with the plan), then the
 indexes. Every row is written with this release's `SCHEMA_VERSION`; a row of a
@@ -104,7 +104,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     status TEXT NOT NULL, stage INTEGER NOT NULL, progress TEXT NOT NULL, request TEXT NOT NULL,
     status_changes TEXT NOT NULL, has_plan INTEGER NOT NULL, stop_finalized INTEGER NOT NULL,
     records_counted_steps INTEGER NOT NULL, error TEXT, created TEXT NOT NULL,
-    version INTEGER NOT NULL, schema_version INTEGER NOT NULL);
+    version INTEGER NOT NULL, schema_version INTEGER NOT NULL, resume_after TEXT);
 CREATE TABLE IF NOT EXISTS job_steps (
     job_id TEXT NOT NULL, step_id TEXT NOT NULL, type TEXT NOT NULL, stage INTEGER NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, lease TEXT, is_prepared INTEGER NOT NULL,
@@ -134,6 +134,7 @@ _ADDED_COLUMNS = {
         "error": "TEXT",
         "version": "INTEGER NOT NULL DEFAULT 0",
         "schema_version": f"INTEGER NOT NULL DEFAULT {FIRST_SCHEMA_VERSION}",
+        "resume_after": "TEXT",
     },
     "job_steps": {
         "attempt": "INTEGER NOT NULL DEFAULT 0",
@@ -146,13 +147,13 @@ _ADDED_COLUMNS = {
 _JOB_COLUMNS = (
     "id", "scope", "namespace", "type", "status", "stage", "progress", "request",
     "status_changes", "has_plan", "stop_finalized", "records_counted_steps", "error", "created",
-    "version", "schema_version",
+    "version", "schema_version", "resume_after",
 )  # fmt: skip
 _STEP_COLUMNS = (
     "job_id", "step_id", "type", "stage", "status", "attempt", "lease", "is_prepared", "request",
     "status_changes", "updated", "schema_version",
 )  # fmt: skip
-_JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease"})
+_JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease", "resume_after"})
 _JOB_SELECT = f"SELECT {', '.join(_JOB_COLUMNS)} FROM jobs"
 _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
@@ -434,6 +435,7 @@ def _job_row(job: JobState) -> tuple[Any, ...]:
         to_json(job.status_changes).decode(), job.has_plan, job.stop_finalized,
         job.records_counted_steps, job.error, created.isoformat(timespec="microseconds"),
         job.version, SCHEMA_VERSION,
+        None if job.resume_after is None else job.resume_after.model_dump_json(),
     )  # fmt: skip
 
 

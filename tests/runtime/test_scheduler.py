@@ -18,6 +18,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from tests.runtime.checkpoint_jobs import CheckpointRequest, TwoStages
 from tests.runtime.decide_jobs import DecideRequest, DecidesThenFails
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.test_recovery import _run as run_script
@@ -135,6 +136,36 @@ def test_decide__a_retry_replays_the_failed_runs_answers_once_and_the_next_asks_
             answers = (tmp_path / f"answers-{question}").read_text().splitlines()
             assert len(asked) == 2, question  # the first run and the third
             assert answers == ['{"pick": "a"}'] * 3, question
+    finally:
+        ray.kill(ray.get_actor(f"scheduler/{scope}", namespace=RAY_NAMESPACE), no_restart=True)
+
+
+def test_checkpoint__a_retry_resumes_after_the_failed_runs_last_completed_stage(
+    connect,
+    scope: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The first run completes stage 0 and fails in stage 1; its retry skips stage 0 (its
+    steps do not run again, they are counted as succeeded) and succeeds."""
+    options = FAST_SCHEDULER.model_copy(update={"default_retry_delay": timedelta(seconds=0.5)})
+    jobs = connect(scheduler=options)
+    sched = jobs.scheduler(scope)
+    try:
+        sched.schedule("staged", TwoStages, CheckpointRequest(directory=str(tmp_path)),
+                       every=timedelta(minutes=10), max_retries=2)  # fmt: skip
+
+        def succeeded() -> list[cr.ManifestRun]:
+            return [r for r in sched.runs("staged") if r.status is cr.RunStatus.SUCCEEDED]
+
+        (retry,) = eventually(succeeded, 60, "the retry's success")
+        (failed,) = [r for r in sched.runs("staged") if r.status is cr.RunStatus.FAILED]
+        assert retry.is_retry and retry.resumed_from == failed.id
+        assert (tmp_path / "stage-0").read_text().splitlines() == [failed.job_id] * 2
+        assert (tmp_path / "stage-1").read_text().splitlines() == [failed.job_id, retry.job_id]
+        assert retry.job_id is not None
+        state = jobs.manager(scope, "default").get(retry.job_id)
+        assert state.resume_after is not None and state.resume_after.stage == 0
+        assert state.progress.successful_steps == state.progress.total_steps == 3
     finally:
         ray.kill(ray.get_actor(f"scheduler/{scope}", namespace=RAY_NAMESPACE), no_restart=True)
 

@@ -30,7 +30,9 @@ from choreography_ray.model import (
     JobsManagerKey,
     JobState,
     Lease,
+    ResumeAfter,
     StageProgress,
+    StageShape,
     StatusChange,
     StepState,
 )
@@ -83,6 +85,16 @@ async def test_create_job__stored_at_version_1_and_read_back_equal(storage: Stor
     assert stored.stopped_steps_counted == ()
     assert await storage.get_job("j1") == stored
     assert await storage.get_job("missing") is None
+
+
+async def test_resume_after__stored_and_read_back_then_cleared(storage: Storage) -> None:
+    """A start after a checkpoint keeps its `resume_after` through create and save."""
+    resume = ResumeAfter(stage=1, layout=(StageShape(stage=0, steps=2),), source="run-1")
+    stored = await storage.create_job(job("j1", resume_after=resume))
+    assert (await storage.get_job("j1")).resume_after == resume  # type: ignore[union-attr]
+    saved = await storage.save_job(stored.model_copy(update={"resume_after": None}))
+    assert saved.resume_after is None
+    assert (await storage.get_job("j1")).resume_after is None  # type: ignore[union-attr]
 
 
 async def test_create_job__existing_id_refused(storage: Storage) -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from choreography_ray.model import StageShape
 from choreography_ray.scheduler.records import (
     Checkpoint,
     DeadLetter,
     Decision,
     Manifest,
     ManifestRun,
-    StageShape,
     WorkEntry,
 )
 from choreography_ray.scheduler.schedules import Cron, Every

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from choreography_ray.core.job import JobCore
 from choreography_ray.job import Job
-from choreography_ray.model import JobState, StepState
+from choreography_ray.model import JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import CountedKind
@@ -103,9 +103,11 @@ async def create(
     *,
     storage: MemoryStorage | None = None,
     hosts: FakeHosts | None = None,
+    resume_after: ResumeAfter | None = None,
     **options: Any,
 ) -> Harness:
-    """A job stored PREPARING_JOB (as `runtime/manager.py` creates it) and its activation."""
+    """A job stored PREPARING_JOB (as `runtime/manager.py` creates it; after a checkpoint with
+    `resume_after`) and its activation."""
     storage = MemoryStorage() if storage is None else storage
     hosts = FakeHosts(storage) if hosts is None else hosts
     job_id = uuid.uuid4().hex
@@ -115,6 +117,7 @@ async def create(
         namespace="core",
         type=type_path(job_type),
         request=request.model_dump(mode="json"),
+        resume_after=resume_after,
     ).with_status(JobStatus.PREPARING_JOB)
     await storage.create_job(state)
     harness = Harness(job_id, storage, hosts, JobsOptions(**{**DEFAULTS, **options}))

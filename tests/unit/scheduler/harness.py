@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from choreography_ray.model import ResumeAfter
 from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import DispatchError, JobView
@@ -46,6 +47,7 @@ class Started:
     job_id: str
     manifest_request: dict[str, Any]
     at: datetime
+    resume_after: ResumeAfter | None = None
 
 
 @dataclass
@@ -63,11 +65,19 @@ class FakeJobs:
     #: Per job type: how its jobs end, over `ends_as`.
     ends_by_type: dict[str, JobView] = field(default_factory=dict)
     types: list[str] = field(default_factory=list)
+    #: Job types that opt into checkpoints (`checkpoint_stages`).
+    checkpointing: set[str] = field(default_factory=set)
     #: Called with each started job's id, as the job's steps would run: before it returns.
     on_start: Callable[[str], Coroutine[Any, Any, None]] | None = None
 
     async def start_job(
-        self, scope: str, namespace: str, job_type: str, request: dict[str, Any], job_id: str
+        self,
+        scope: str,
+        namespace: str,
+        job_type: str,
+        request: dict[str, Any],
+        job_id: str,
+        resume_after: ResumeAfter | None = None,
     ) -> str:
         self.attempts.append(self.clock())
         if self.unreachable:
@@ -75,8 +85,15 @@ class FakeJobs:
             raise DispatchError("the jobs manager did not answer", reached=False)
         if self.refuse:
             raise DispatchError("not a Job", reached=True)
-        self.jobs[job_id] = self.ends_by_type.get(job_type, self.ends_as)
-        self.started.append(Started(job_id, request, self.clock()))
+        ends = self.ends_by_type.get(job_type, self.ends_as)
+        if resume_after is not None and job_type in self.checkpointing:
+            # As the job does: its stages up to the checkpoint's are counted as succeeded.
+            done = {"is_started": True, "failed_steps": 0, "unreachable_steps": 0}
+            skipped = [s.model_copy(update={**done, "successful_steps": s.total_steps})
+                       if s.stage <= resume_after.stage else s for s in ends.stages]  # fmt: skip
+            ends = replace(ends, stages=tuple(skipped), resumed_after=resume_after)
+        self.jobs[job_id] = ends
+        self.started.append(Started(job_id, request, self.clock(), resume_after))
         self.types.append(job_type)
         if self.on_start is not None:
             await self.on_start(job_id)
@@ -84,6 +101,9 @@ class FakeJobs:
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         return {j: self.jobs[j] for j in job_ids if j in self.jobs}
+
+    def checkpoint_stages(self, job_type: str) -> bool:
+        return job_type in self.checkpointing
 
 
 class Harness:

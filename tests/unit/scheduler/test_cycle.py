@@ -6,10 +6,11 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 
+from choreography_ray.model import StageShape
 from choreography_ray.scheduler import cycle
 from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue, Release, Wait
 from choreography_ray.scheduler.options import SchedulerOptions
-from choreography_ray.scheduler.records import Checkpoint, ManifestRun, StageShape, WorkEntry
+from choreography_ray.scheduler.records import Checkpoint, ManifestRun, WorkEntry
 from choreography_ray.scheduler.replay import AskAfresh
 from choreography_ray.scheduler.schedules import After, Cron, Every, OnceAt
 from choreography_ray.scheduler.status import (

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from choreography_ray.model import StageProgress
+from choreography_ray.model import StageProgress, StageShape
 from choreography_ray.scheduler import checkpoints, decisions
-from choreography_ray.scheduler.records import Checkpoint, Decision, StageShape
+from choreography_ray.scheduler.records import Checkpoint, Decision
 from tests.unit.scheduler.factory import T0, failed
 
 DAY = timedelta(hours=24)
@@ -85,3 +85,15 @@ def test_is_checkpoint__a_started_stage_whose_every_step_succeeded() -> None:
     one_failed = done.model_copy(update={"successful_steps": 1, "failed_steps": 1})
     assert not checkpoints.is_checkpoint(one_failed)
     assert not checkpoints.is_checkpoint(StageProgress(stage=0, total_steps=0))
+
+
+def test_latest_checkpoint__the_last_of_the_completed_stages_from_the_first() -> None:
+    def stage(n: int, failed: int = 0, started: bool = True) -> StageProgress:
+        return StageProgress(stage=n, is_started=started, total_steps=2,
+                             successful_steps=2 - failed, failed_steps=failed)  # fmt: skip
+
+    assert checkpoints.latest_checkpoint([stage(0), stage(10), stage(20, failed=1)]) == 10
+    # A completed stage after one with failures (it continued on failure) is no checkpoint.
+    assert checkpoints.latest_checkpoint([stage(0), stage(10, failed=1), stage(20)]) == 0
+    assert checkpoints.latest_checkpoint([stage(0, failed=2), stage(10)]) is None
+    assert checkpoints.latest_checkpoint([stage(0), stage(10, started=False)]) == 0

@@ -9,12 +9,16 @@ import traceback
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from ray.exceptions import ActorDiedError, RayTaskError
 
 from choreography_ray.errors import JobOperationError, StartJobError, TypeImportError
+from choreography_ray.job import Job
+from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime import scheduler_actor as shell
 from choreography_ray.scheduler.port import DispatchError
+from choreography_ray.types import type_path
 
 
 def task_error(cause: Exception) -> RayTaskError:
@@ -29,7 +33,9 @@ class FakeManager:
         self.outcome = outcome
         self.start = self
 
-    def remote(self, job_type: str, request: dict[str, Any], job_id: str) -> Any:
+    def remote(
+        self, job_type: str, request: dict[str, Any], job_id: str, resume_after: Any = None
+    ) -> Any:
         async def answer() -> Any:
             if isinstance(self.outcome, BaseException):
                 raise self.outcome
@@ -79,3 +85,20 @@ def test_a_manager_not_reached__requeued(monkeypatch: pytest.MonkeyPatch, error:
     with pytest.raises(DispatchError) as failed:
         start_with(monkeypatch, error)
     assert not failed.value.reached
+
+
+class Checkpointed(Job[BaseModel]):
+    checkpoint_stages = True
+
+
+def test_checkpoint_stages__of_a_job_type_that_opts_in_and_of_one_that_cannot_be_imported() -> None:
+    def port(options: JobsOptions) -> shell.RayJobsPort:
+        return shell.RayJobsPort(storage=None, storage_url="sqlite:///x.db",  # type: ignore[arg-type]
+                                 options_json=options.model_dump_json(), ns="n")  # fmt: skip
+
+    anywhere = port(JobsOptions())
+    assert anywhere.checkpoint_stages(type_path(Checkpointed))
+    assert not anywhere.checkpoint_stages(type_path(Job))
+    assert not anywhere.checkpoint_stages("no.such.module:Job")
+    elsewhere = port(JobsOptions(allowed_type_prefixes=["myapp."]))
+    assert not elsewhere.checkpoint_stages(type_path(Checkpointed))
