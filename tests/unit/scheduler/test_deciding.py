@@ -354,3 +354,28 @@ def test_a_run_an_activation_claimed_and_linked_but_never_started_is_handed_back
         assert await h.storage.run_for_job("never-started") is None
 
     run(scenario)
+
+
+def test_a_run_whose_job_an_activation_started_before_it_died_is_that_jobs_run() -> None:
+    """The activation started the job and died before it saved the run RUNNING: the next
+    cycle finds the job it chose and settles the run with it, never starting a second."""
+
+    async def scenario() -> None:
+        h = Harness()
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.minutes(10))
+        await core.run_cycle()
+        (entry,) = await h.storage.claim_due("s")
+        run_ = await h.storage.get_run(entry.run_id)
+        assert run_ is not None
+        await h.storage.save_run(run_.model_copy(update={"job_id": "started"}))
+        h.jobs.jobs["started"] = JobView(JobStatus.RUNNING)
+        await h.run_for(5)
+        adopted = await h.storage.get_run(entry.run_id)
+        assert adopted is not None and adopted.status is RunStatus.RUNNING
+        assert adopted.job_id == "started" and h.jobs.started == []
+        h.jobs.jobs["started"] = JobView(JobStatus.COMPLETED_SUCCESSFULLY)
+        await core.run_cycle()
+        assert (await h.storage.get_run(entry.run_id)).status is RunStatus.SUCCEEDED  # type: ignore[union-attr]
+
+    run(scenario)
