@@ -70,6 +70,13 @@ def _import(path: str) -> type:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as error:
         raise TypeImportError(f"cannot import type {path!r}: {error}") from error
+    except Exception as error:  # the module's own code raised while it was imported
+        raise TypeImportError(
+            f"importing module {module_name!r} (for type {path!r}) raised "
+            f"{type(error).__name__}: {error}. Ray's workers import the module that defines "
+            "a job or step type: keep a script's driver code (Jobs.connect, starting jobs) "
+            'under `if __name__ == "__main__":`'
+        ) from error
     if not isinstance(obj, type):
         raise TypeImportError(f"{path!r} names {type(obj).__name__}, not a class")
     return obj

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from choreography_ray.errors import TypeImportError
@@ -31,3 +33,20 @@ def test_import_type__a_lookalike_of_an_allowed_module_is_refused_before_import(
     with pytest.raises(TypeImportError, match="not under the allowed prefixes"):
         import_type("choreography_ray_evil.x:Job", ("choreography_ray",))
     assert import_type("choreography_ray.job:Job", ("choreography_ray",)).__name__ == "Job"
+
+
+def test_import_type__a_module_that_raises_while_imported_is_a_type_import_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a script that connects at module level does when an actor imports it to find its
+    job type: the error names the module, the cause and the `__main__` guard."""
+    (tmp_path / "connects_at_import.py").write_text(
+        "raise RuntimeError('asyncio.run() cannot be called from a running event loop')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TypeImportError) as raised:
+        import_type("connects_at_import:Squares")
+    message = str(raised.value)
+    assert "'connects_at_import'" in message
+    assert "RuntimeError: asyncio.run() cannot be called" in message
+    assert 'if __name__ == "__main__":' in message
