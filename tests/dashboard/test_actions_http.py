@@ -9,7 +9,7 @@ import re
 import pytest
 
 from choreography_ray.dashboard import ActionRefused
-from tests.dashboard.conftest import TOKEN, Client, RecordingActions, csrf_of
+from tests.dashboard.client import TOKEN, Client, RecordingActions, csrf_of
 from tests.dashboard.seed import DEAD_LETTER, RUNNING_JOB, SCOPE
 
 STOP = f"/jobs/{RUNNING_JOB}/stop"

@@ -11,7 +11,7 @@ from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import Storage
 from choreography_ray.storage.memory import MemoryStorage
-from tests.dashboard.conftest import TOKEN, Client
+from tests.dashboard.client import TOKEN, Client
 from tests.dashboard.seed import DEAD_LETTER, FAILED_STEPS, FILLERS, RUNNING_JOB, SCOPE
 
 
