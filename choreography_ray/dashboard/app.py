@@ -116,7 +116,10 @@ async def _storage_error(request: Request, exc: Exception) -> Response:
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.error("dashboard: %s %s failed", request.method, request.url.path, exc_info=exc)
     message = f"The page failed with {type(exc).__name__}; the dashboard's log has the details."
-    return site_of(request).error(request, 500, "Something went wrong", message)
+    response = site_of(request).error(request, 500, "Something went wrong", message)
+    # This answer leaves through Starlette's outermost middleware, outside `SecurityHeaders`.
+    response.headers.update(SECURITY_HEADERS)
+    return response
 
 
 def create_app(

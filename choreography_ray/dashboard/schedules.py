@@ -19,7 +19,7 @@ from starlette.routing import Route
 from choreography_ray.dashboard.actions import ActionRefused, DeadLetterOperation
 from choreography_ray.dashboard.jobs import no_actions
 from choreography_ray.dashboard.security import Refused
-from choreography_ray.dashboard.site import Site, site_of
+from choreography_ray.dashboard.site import Site, seconds, site_of
 from choreography_ray.scheduler import cycle
 from choreography_ray.scheduler.manifest_manager import gather
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -37,7 +37,7 @@ DEFAULT_SCOPE = "default"
 def describe(manifest: Manifest) -> str:
     schedule = manifest.schedule
     if isinstance(schedule, Every):
-        return f"every {schedule.interval}"
+        return f"every {seconds(schedule.interval)}"
     if isinstance(schedule, Cron):
         return f"cron {schedule.expression} ({schedule.tz})"
     if isinstance(schedule, OnceAt):

@@ -51,10 +51,12 @@ class RecordingActions:
 class Client:
     """A sync face of `httpx.AsyncClient` on the app, on one event loop; keeps cookies."""
 
-    def __init__(self, app: Any, runner: asyncio.Runner) -> None:
+    def __init__(
+        self, app: Any, runner: asyncio.Runner, *, raise_app_exceptions: bool = True
+    ) -> None:
         self.app = app
         self.runner = runner
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
         self.http = httpx.AsyncClient(transport=transport, base_url=BASE_URL)
 
     def get(self, path: str, **options: Any) -> httpx.Response:

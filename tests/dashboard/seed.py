@@ -74,11 +74,12 @@ async def seed(storage: Storage) -> None:
     done = JobProgress(total_steps=10, successful_steps=10,
                        stages=(StageProgress(stage=0, is_started=True, total_steps=10,
                                              successful_steps=10),))  # fmt: skip
+    with_failure = done.model_copy(update={"successful_steps": 9, "failed_steps": 1})
     for job in (
         _job("job-done", JobStatus.COMPLETED_SUCCESSFULLY, minutes_ago=30, progress=done,
              namespace="tenant-b", type=EMBED),
         _job("job-with-failures", JobStatus.COMPLETED_WITH_FAILURES, minutes_ago=20,
-             scope="lab", progress=done.model_copy(update={"failed_steps": 1})),
+             scope="lab", progress=with_failure),
         _job("job-stopped", JobStatus.STOPPED, minutes_ago=15, stop_finalized=True),
         _job("job-failed", JobStatus.FAILED, minutes_ago=10,
              error="on_completed raised RuntimeError: the index is gone"),

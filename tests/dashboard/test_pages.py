@@ -240,3 +240,35 @@ def test_static_files__served_from_the_package(reader: Client) -> None:
     script = reader.get("/static/live.js")
     assert script.status_code == 200 and "data-live" in script.text
     assert "svg.bar" in reader.get("/static/dashboard.css").text
+
+
+class Failing(MemoryStorage):
+    """A storage whose job reads fail: with `error`, else with a bug of its own."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__("memory://")
+        self.error = error
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        raise self.error
+
+
+def test_errors__storage_down_is_a_503_page_and_a_bug_a_500_page_without_traceback(
+    runner: asyncio.Runner,
+) -> None:
+    from choreography_ray.errors import StorageUnavailableError
+
+    down = Failing(StorageUnavailableError("MongoDB at mongodb://u:***@db/x is unavailable"))
+    client = Client(create_app(down, token=TOKEN), runner)
+    answer = client.get("/jobs/j")
+    assert answer.status_code == 503 and "mongodb://u:***@db/x is unavailable" in answer.text
+    client.close()
+
+    broken = Failing(ZeroDivisionError("secret detail"))
+    client = Client(create_app(broken, token=TOKEN), runner, raise_app_exceptions=False)
+    answer = client.get("/jobs/j")
+    assert answer.status_code == 500
+    assert "ZeroDivisionError" in answer.text
+    assert "secret detail" not in answer.text and "Traceback" not in answer.text
+    assert answer.headers["x-frame-options"] == "DENY"
+    client.close()
