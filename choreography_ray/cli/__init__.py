@@ -14,7 +14,7 @@ from typing import Annotated, Protocol
 import typer
 
 from choreography_ray import __version__
-from choreography_ray.cli import bench, chaos, demo, jobs, run, scheduler
+from choreography_ray.cli import bench, chaos, dashboard, demo, jobs, run, scheduler
 
 #: The name the console script is installed under (see `[project.scripts]`).
 PROG_NAME = "choreography-ray"
@@ -62,6 +62,7 @@ _COMMAND_GROUPS: tuple[CommandGroup, ...] = (
     run,
     jobs,
     scheduler,
+    dashboard,
     bench,
     chaos,
 )

@@ -93,6 +93,19 @@ class Release:
 Plan = Wait | Queue | DeadLetterIt
 
 
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """A manifest as an operator sees it: its counted failures and when it runs next."""
+
+    counted_failures: int
+    #: When it is due next: the queued run's `scheduled_at` (now, for one queued to run at
+    #: once), else its schedule's next due time, which may be past (due at the next cycle).
+    #: None while it waits for something else, or when it never runs again.
+    next_due: datetime | None
+    #: What it waits for instead of a due time (QUEUED has one: the queued run's).
+    waiting: WaitReason | None = None
+
+
 def plan(
     manifest: Manifest,
     history: History,
@@ -123,6 +136,25 @@ def plan(
         return Queue(occurrence=due.occurrence, parent_run=due.parent_run)
     return _retry(manifest, history, failed, len(counted), options, checkpoint_stages,
                   parent_success, due.occurrence, due.parent_run)  # fmt: skip
+
+
+def outlook(
+    manifest: Manifest, history: History, options: SchedulerOptions, now: datetime
+) -> Outlook:
+    """What `plan` would see, for a page: nothing here is queued or changed."""
+    counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
+    n = len(counted)
+    if not manifest.enabled:
+        return Outlook(n, None, WaitReason.DISABLED)
+    if failures.awaiting_intervention(history.dead_letters) is not None:
+        return Outlook(n, None, WaitReason.DEAD_LETTERED)
+    if (entry := _holding_entry(history.queued)) is not None:
+        return Outlook(n, entry.scheduled_at or now, WaitReason.QUEUED)
+    if any(not r.status.is_finished for r in history.runs):
+        return Outlook(n, None, WaitReason.RUNNING)
+    settled = _settled(history, {r.id for r in counted})
+    due = next_due(manifest, settled, now, latest_success(history.parent_runs))
+    return Outlook(n, None, WaitReason.NOT_DUE) if due is None else Outlook(n, due.at)
 
 
 def trigger(

@@ -11,7 +11,8 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
     jobs                one record per job. Key: job id. Fields: scope, namespace, type, status,
                         status_changes, stage, progress, request, has_plan, stop_finalized,
                         records_counted_steps, error, created, version, schema_version.
-                        Indexes: (scope, namespace, status), (status, stop_finalized).
+                        Indexes: (scope, namespace, status), (status, stop_finalized),
+                        (created, id) for `find_jobs`' newest-first pages.
     job_steps           one record per prepared step not yet succeeded. Key: "{job_id}/{step_id}".
                         Fields: job_id, step_id, type, stage, status, attempt, lease {silo,
                         activation, heartbeat}, request, status_changes, updated, schema_version.
@@ -33,6 +34,7 @@ import enum
 import json
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from choreography_ray.model import (
@@ -106,6 +108,42 @@ def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState
 
 #: Counts of a job's stored steps by (stage, status).
 StatusCounts = dict[tuple[int, StepStatus], int]
+#: Counts of jobs by (job type, status).
+JobCounts = dict[tuple[str, JobStatus], int]
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs `find_jobs` and `count_jobs_by_type_and_status` read: every field that is
+    not None narrows them. `type` is a job type's import path, matched exactly."""
+
+    scope: str | None = None
+    namespace: str | None = None
+    statuses: frozenset[JobStatus] | None = None
+    type: str | None = None
+    #: Only jobs created at or after this instant.
+    created_since: datetime | None = None
+
+    def matches(self, job: JobState) -> bool:
+        """The filter applied to one record: what every provider's query does."""
+        return (
+            (self.scope is None or job.scope == self.scope)
+            and (self.namespace is None or job.namespace == self.namespace)
+            and (self.statuses is None or job.status in self.statuses)
+            and (self.type is None or job.type == self.type)
+            and (self.created_since is None or job.created >= self.created_since)
+        )
+
+
+class JobCursor(NamedTuple):
+    """A place in the newest-first order of `find_jobs`: a job's (created, id)."""
+
+    created: datetime
+    job_id: str
+
+    @classmethod
+    def of(cls, job: JobState) -> JobCursor:
+        return cls(job.created, job.id)
 
 
 @runtime_checkable
@@ -134,6 +172,21 @@ class Storage(Protocol):
     ) -> list[JobState]:
         """Every job of the key but STOPPED jobs whose stop is finalized (REMOVING stays),
         filtered in the query, oldest first."""
+
+    async def find_jobs(
+        self,
+        where: JobFilter,
+        *,
+        before: JobCursor | None = None,
+        after: JobCursor | None = None,
+        limit: int = 50,
+    ) -> list[JobState]:
+        """A page of the jobs `where` matches, newest first (by created, then id): the `limit`
+        just older than `before`, or just newer than `after`, or the newest. One indexed query,
+        however many jobs are stored."""
+
+    async def count_jobs_by_type_and_status(self, where: JobFilter) -> JobCounts:
+        """The jobs `where` matches counted by (type, status), in one aggregate query."""
 
     async def remove_job(self, job_id: str) -> None: ...
 
@@ -254,6 +307,9 @@ def redact_url(url: str) -> str:
 
 __all__ = [
     "CountedKind",
+    "JobCounts",
+    "JobCursor",
+    "JobFilter",
     "LeaseRenewal",
     "PlannedStep",
     "StatusCounts",

@@ -24,6 +24,9 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
+    JobCursor,
+    JobFilter,
     LeaseRenewal,
     PlannedStep,
     StatusCounts,
@@ -95,6 +98,36 @@ class MemoryStorage:
             if not (j.status == JobStatus.STOPPED and j.stop_finalized)
         ]
         return sorted(jobs, key=lambda j: j.created)
+
+    async def find_jobs(
+        self,
+        where: JobFilter,
+        *,
+        before: JobCursor | None = None,
+        after: JobCursor | None = None,
+        limit: int = 50,
+    ) -> list[JobState]:
+        found = [j for j in self._all_jobs() if where.matches(j)]
+        if before is not None:
+            found = [j for j in found if JobCursor.of(j) < before]
+        if after is not None:
+            newer = sorted((j for j in found if JobCursor.of(j) > after), key=JobCursor.of)
+            return newer[:limit][::-1]
+        return sorted(found, key=JobCursor.of, reverse=True)[:limit]
+
+    async def count_jobs_by_type_and_status(self, where: JobFilter) -> JobCounts:
+        counts: JobCounts = {}
+        for j in self._all_jobs():
+            if where.matches(j):
+                counts[j.type, j.status] = counts.get((j.type, j.status), 0) + 1
+        return counts
+
+    def _all_jobs(self) -> list[JobState]:
+        return [
+            j
+            for job_id, job in self.jobs.items()
+            if (j := _checked(job, JobState, "jobs", job_id)) is not None
+        ]
 
     async def remove_job(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)

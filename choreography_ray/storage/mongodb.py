@@ -2,7 +2,9 @@
 
 In the URL's database, else `choreography` (fields as in `choreography_ray.storage`):
 
-    jobs                `_id` job id. Indexes (scope, namespace, status), (status, stop_finalized).
+    jobs                `_id` job id. Indexes (scope, namespace, status), (status, stop_finalized),
+                        (created) for `find_jobs`' newest-first pages (nx refuses `_id` in
+                        a compound index; ties on `created` are few and sorted by `_id`).
     job_steps           `_id` "{job_id}/{step_id}". Indexes (job_id, status),
                         (job_id, stage, status), (job_id, step_id).
     job_counted_steps   `_id` "{job_id}/{kind}/{step_id}"; job_id, kind, step_id. Index (job_id,
@@ -18,7 +20,8 @@ Indexes are created on first use, once per instance. The code keeps to what both
 - `status_changes` holds one JSON string per change: nx's `$push` of a subdocument turns every
   element of the array into a JSON string; its `$push` of a string is exact.
 - `count_by_status` groups on `$concat` of `$toString(stage)`, ":" and status (nx answers a
-  compound `$group` key with the literal paths), so there is no derived field to keep in sync.
+  compound `$group` key with the literal paths), so there is no derived field to keep in sync;
+  `count_jobs_by_type_and_status` likewise on status, ":" and type (a status has no ":").
 - A lease renewal is an `UpdateOne` filtered on `_id`, `status` and `attempt` (plain equality,
   which both servers match), so it never undoes an outcome stored meanwhile.
 - No update pipelines (nx rejects them), so no `$$NOW`: `updated` is this process's clock, as in
@@ -79,6 +82,9 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
+    JobCursor,
+    JobFilter,
     LeaseRenewal,
     PlannedStep,
     StatusCounts,
@@ -102,7 +108,7 @@ _DUPLICATE_KEY = 11000
 _AUTHENTICATION_FAILED = 18
 #: Each collection's indexes, as their ascending fields.
 _INDEXES = {
-    "jobs": ["scope namespace status", "status stop_finalized"],
+    "jobs": ["scope namespace status", "status stop_finalized", "created"],
     "job_steps": ["job_id status", "job_id stage status", "job_id step_id"],
     "job_counted_steps": ["job_id kind step_id"],
 }
@@ -153,6 +159,20 @@ def _client_options(url: str) -> Doc:
 def _deletes(ids: Sequence[str]) -> list[DeleteMany]:
     step = IDS_PER_DELETE
     return [DeleteMany({"_id": {"$in": list(ids[i : i + step])}}) for i in range(0, len(ids), step)]
+
+
+def _job_query(where: JobFilter) -> Doc:
+    query: Doc = {
+        field: value
+        for field, value in (("scope", where.scope), ("namespace", where.namespace),
+                             ("type", where.type))
+        if value is not None
+    }  # fmt: skip
+    if where.statuses is not None:
+        query["status"] = {"$in": sorted(s.value for s in where.statuses)}
+    if where.created_since is not None:
+        query["created"] = {"$gte": _encode(where.created_since)}
+    return query
 
 
 def _counted_id(job_id: str, kind: CountedKind, step_id: str) -> str:
@@ -266,6 +286,43 @@ class MongoStorage:
     ) -> list[JobState]:
         finalized = {"status": JobStatus.STOPPED.value, "stop_finalized": True}
         return await self._find_jobs({"scope": scope, "namespace": namespace, "$nor": [finalized]})
+
+    async def find_jobs(
+        self,
+        where: JobFilter,
+        *,
+        before: JobCursor | None = None,
+        after: JobCursor | None = None,
+        limit: int = 50,
+    ) -> list[JobState]:
+        query = _job_query(where)
+        direction = -1
+        for cursor, operator in ((before, "$lt"), (after, "$gt")):
+            if cursor is not None:
+                created = _encode(cursor.created)
+                query = {"$and": [query, {"$or": [
+                    {"created": {operator: created}},
+                    {"created": created, "_id": {operator: cursor.job_id}},
+                ]}]}  # fmt: skip
+        if after is not None:
+            direction = 1
+        order = [("created", direction), ("_id", direction)]
+        docs = await self._run(lambda db: list(db.jobs.find(query).sort(order).limit(limit)))
+        jobs = [_parse(JobState, "jobs", doc) for doc in docs]
+        return jobs[::-1] if direction == 1 else jobs
+
+    async def count_jobs_by_type_and_status(self, where: JobFilter) -> JobCounts:
+        group = {"_id": {"$concat": ["$status", ":", "$type"]}, "n": {"$sum": 1}}
+        pipeline: list[Doc] = [{"$match": _job_query(where)}, {"$group": group}]
+        rows = await self._run(lambda db: list(db.jobs.aggregate(pipeline)))
+        counts: JobCounts = {}
+        try:
+            for row in rows:
+                status, _, job_type = row["_id"].partition(":")
+                counts[(job_type, JobStatus(status))] = int(row["n"])
+        except (ValueError, AttributeError) as exc:
+            raise CorruptRecordError("jobs", "*", f"bad status: {exc}") from exc
+        return counts
 
     async def remove_job(self, job_id: str) -> None:
         await self._run(lambda db: db.jobs.delete_one({"_id": job_id}))

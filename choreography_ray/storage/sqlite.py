@@ -13,7 +13,8 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         progress JSON, request JSON, status_changes JSON, has_plan,
                         stop_finalized, records_counted_steps, error, created (ISO-8601, UTC),
                         version, schema_version, resume_after JSON or NULL.
-                        Indexes: (scope, namespace, status), (status, stop_finalized).
+                        Indexes: (scope, namespace, status), (status, stop_finalized),
+                        (created, id): `find_jobs` reads a page newest first along it.
     job_steps           WITHOUT ROWID. PRIMARY KEY (job_id, step_id); type, stage, status,
                         attempt, lease JSON {silo, activation, heartbeat} or NULL, is_prepared,
                         request JSON, status_changes JSON array, updated (ISO-8601),
@@ -53,7 +54,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC
+from datetime import UTC, datetime
 from itertools import repeat
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,6 +82,9 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
+    JobCursor,
+    JobFilter,
     LeaseRenewal,
     PlannedStep,
     StatusCounts,
@@ -121,6 +125,7 @@ CREATE TABLE IF NOT EXISTS jobs_manager_keys (
 _INDEXES = """
 CREATE INDEX IF NOT EXISTS jobs_scope_namespace_status ON jobs (scope, namespace, status);
 CREATE INDEX IF NOT EXISTS jobs_status_stop_finalized ON jobs (status, stop_finalized);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
 CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 """
@@ -159,6 +164,7 @@ _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 _STEP_STATUSES = frozenset(StepStatus)
+_JOB_STATUSES = frozenset(JobStatus)
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END
@@ -212,6 +218,39 @@ class SqliteStorage:
             AND NOT (status = ? AND stop_finalized = 1) ORDER BY created, rowid"""
         return [_job(row) for row in await self._query(sql, scope, namespace, JobStatus.STOPPED)]
 
+    async def find_jobs(
+        self,
+        where: JobFilter,
+        *,
+        before: JobCursor | None = None,
+        after: JobCursor | None = None,
+        limit: int = 50,
+    ) -> list[JobState]:
+        conditions, args = _job_conditions(where)
+        order = "DESC"
+        if before is not None:
+            conditions.append("(created, id) < (?, ?)")
+            args += [_instant(before.created), before.job_id]
+        if after is not None:
+            conditions.append("(created, id) > (?, ?)")
+            args += [_instant(after.created), after.job_id]
+            order = "ASC"
+        sql = f"""{_JOB_SELECT} WHERE {" AND ".join(conditions)}
+            ORDER BY created {order}, id {order} LIMIT ?"""
+        jobs = [_job(row) for row in await self._query(sql, *args, limit)]
+        return jobs[::-1] if order == "ASC" else jobs
+
+    async def count_jobs_by_type_and_status(self, where: JobFilter) -> JobCounts:
+        conditions, args = _job_conditions(where)
+        sql = f"""SELECT type, status, COUNT(*) FROM jobs WHERE {" AND ".join(conditions)}
+            GROUP BY type, status"""
+        counts: JobCounts = {}
+        for job_type, status, count in await self._query(sql, *args):
+            if status not in _JOB_STATUSES:
+                raise CorruptRecordError("jobs", "*", f"unknown status {status!r}")
+            counts[job_type, JobStatus(status)] = count
+        return counts
+
     async def remove_job(self, job_id: str) -> None:
         await self._execute("DELETE FROM jobs WHERE id = ?", job_id)
 
@@ -239,24 +278,10 @@ class SqliteStorage:
         after: str | None = None,
         limit: int = 1000,
     ) -> list[StepState]:
-        args: list[object] = [job_id]
-        where = "job_id = ?"
-        if stage is not None:
-            where, args = f"{where} AND stage = ?", [*args, stage]
-        if after is not None:
-            where, args = f"{where} AND step_id > ?", [*args, after]
-        if statuses is None and stage is None:
-            sql, args = f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
-        else:
-            # One index range per status, each in step-id order already (the indexes end in the
-            # key), merged: a page costs O(statuses * limit) however many steps the job has.
-            wanted = sorted(set(StepStatus if statuses is None else statuses))
-            if not wanted:
-                return []
-            branch = f"SELECT * FROM ({_STEP_SELECT} WHERE {where} AND status = ? "
-            branch += "ORDER BY step_id LIMIT ?)"
-            sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
-            args = [*(a for status in wanted for a in (*args, status, limit)), limit]
+        page = _steps_page(job_id, statuses, stage, after, limit)
+        if page is None:
+            return []
+        sql, args = page
         return [_step(row) for row in await self._query(sql, *args)]
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
@@ -427,13 +452,63 @@ def _without_counted(job: JobState, *, version: int) -> JobState:
     )
 
 
+def _steps_page(
+    job_id: str,
+    statuses: Collection[StepStatus] | None,
+    stage: int | None,
+    after: str | None,
+    limit: int,
+) -> tuple[str, list[object]] | None:
+    """The query of a `list_steps` page, None when it can match nothing."""
+    args: list[object] = [job_id]
+    where = "job_id = ?"
+    if stage is not None:
+        where, args = f"{where} AND stage = ?", [*args, stage]
+    if after is not None:
+        where, args = f"{where} AND step_id > ?", [*args, after]
+    if statuses is None and stage is None:
+        return f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
+    # One index range per status, each in step-id order already (the indexes end in the key),
+    # merged: a page costs O(statuses * limit) however many steps the job has. The index is
+    # named: without `after`, SQLite's planner (no statistics) prefers the primary key for
+    # its step-id order and scans every step of the job for a status that few or none have.
+    wanted = sorted(set(StepStatus if statuses is None else statuses))
+    if not wanted:
+        return None
+    index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
+    branch = f"SELECT * FROM ({_STEP_SELECT} INDEXED BY {index} WHERE {where} AND status = ? "
+    branch += "ORDER BY step_id LIMIT ?)"
+    sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
+    return sql, [*(a for status in wanted for a in (*args, status, limit)), limit]
+
+
+def _instant(at: datetime) -> str:
+    """A time as the `created` column holds it, so that the text sorts as the instants do."""
+    return (at if at.tzinfo is None else at.astimezone(UTC)).isoformat(timespec="microseconds")
+
+
+def _job_conditions(where: JobFilter) -> tuple[list[str], list[object]]:
+    conditions, args = ["1 = 1"], list[object]()
+    for column, value in (("scope", where.scope), ("namespace", where.namespace),
+                          ("type", where.type)):  # fmt: skip
+        if value is not None:
+            conditions.append(f"{column} = ?")
+            args.append(value)
+    if where.statuses is not None:
+        conditions.append(f"status IN ({', '.join('?' * len(where.statuses)) or 'NULL'})")
+        args += sorted(where.statuses)
+    if where.created_since is not None:
+        conditions.append("created >= ?")
+        args.append(_instant(where.created_since))
+    return conditions, args
+
+
 def _job_row(job: JobState) -> tuple[Any, ...]:
-    created = job.created if job.created.tzinfo is None else job.created.astimezone(UTC)
     return (
         job.id, job.scope, job.namespace, job.type, job.status, job.stage,
         job.progress.model_dump_json(exclude_computed_fields=True), to_json(job.request).decode(),
         to_json(job.status_changes).decode(), job.has_plan, job.stop_finalized,
-        job.records_counted_steps, job.error, created.isoformat(timespec="microseconds"),
+        job.records_counted_steps, job.error, _instant(job.created),
         job.version, SCHEMA_VERSION,
         None if job.resume_after is None else job.resume_after.model_dump_json(),
     )  # fmt: skip

@@ -39,6 +39,8 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCursor,
+    JobFilter,
     LeaseRenewal,
     PlannedStep,
     StepUpdate,
@@ -158,6 +160,78 @@ async def test_jobs_excluding_finalized_stops__leaves_out_only_finalized_stops_o
     found = await storage.get_jobs_excluding_finalized_stops("s", "n")
 
     assert [j.id for j in found] == ["stopping", "running", "removing", "removing-final"]
+
+
+async def _seed_listing(storage: Storage) -> None:
+    """Eight jobs a minute apart (j0 oldest); two share j4's created instant, so the id breaks
+    the tie; two types, two scopes, three statuses."""
+    for n in range(8):
+        created = T0 + timedelta(minutes=min(n, 4) if n in (4, 5) else n)
+        await storage.create_job(job(
+            f"j{n}", scope="t" if n % 4 == 3 else "s",
+            type="pkg:Other" if n % 3 == 0 else "pkg:Job",
+            status=(JobStatus.RUNNING, JobStatus.FAILED, JobStatus.STOPPED)[n % 3],
+            created=created,
+        ))  # fmt: skip
+
+
+async def test_find_jobs__newest_first_with_the_id_breaking_ties(storage: Storage) -> None:
+    await _seed_listing(storage)
+
+    found = await storage.find_jobs(JobFilter(), limit=100)
+
+    assert [j.id for j in found] == ["j7", "j6", "j5", "j4", "j3", "j2", "j1", "j0"]
+    assert found[0] == await storage.get_job("j7")
+
+
+async def test_find_jobs__pages_older_and_newer_by_cursor(storage: Storage) -> None:
+    await _seed_listing(storage)
+    everything = JobFilter()
+
+    first = await storage.find_jobs(everything, limit=3)
+    second = await storage.find_jobs(everything, before=JobCursor.of(first[-1]), limit=3)
+    last = await storage.find_jobs(everything, before=JobCursor.of(second[-1]), limit=3)
+    back = await storage.find_jobs(everything, after=JobCursor.of(last[0]), limit=3)
+
+    assert [[j.id for j in page] for page in (first, second, last, back)] == [
+        ["j7", "j6", "j5"], ["j4", "j3", "j2"], ["j1", "j0"], ["j4", "j3", "j2"],
+    ]  # fmt: skip
+    assert await storage.find_jobs(everything, after=JobCursor.of(first[0])) == []
+
+
+async def test_find_jobs__filters_by_scope_namespace_status_type_and_creation(
+    storage: Storage,
+) -> None:
+    await _seed_listing(storage)
+
+    async def ids(**fields: object) -> list[str]:
+        return [j.id for j in await storage.find_jobs(JobFilter(**fields))]  # type: ignore[arg-type]
+
+    assert await ids(scope="t") == ["j7", "j3"]
+    assert await ids(scope="s", namespace="n", type="pkg:Other") == ["j6", "j0"]
+    assert await ids(statuses=frozenset({JobStatus.FAILED, JobStatus.STOPPED})) == [
+        "j7", "j5", "j4", "j2", "j1",
+    ]  # fmt: skip
+    assert await ids(created_since=T0 + timedelta(minutes=4)) == ["j7", "j6", "j5", "j4"]
+    assert await ids(statuses=frozenset()) == []
+    assert await ids(namespace="nobody") == []
+
+
+async def test_count_jobs_by_type_and_status__counts_what_the_filter_matches(
+    storage: Storage,
+) -> None:
+    await _seed_listing(storage)
+    running, failed, stopped = JobStatus.RUNNING, JobStatus.FAILED, JobStatus.STOPPED
+
+    assert await storage.count_jobs_by_type_and_status(JobFilter()) == {
+        ("pkg:Other", running): 3, ("pkg:Job", failed): 3, ("pkg:Job", stopped): 2,
+    }  # fmt: skip
+    assert await storage.count_jobs_by_type_and_status(JobFilter(scope="t")) == {
+        ("pkg:Other", running): 1, ("pkg:Job", failed): 1,
+    }  # fmt: skip
+    since = JobFilter(created_since=T0 + timedelta(minutes=6), statuses=frozenset({running}))
+    assert await storage.count_jobs_by_type_and_status(since) == {("pkg:Other", running): 1}
+    assert await storage.count_jobs_by_type_and_status(JobFilter(scope="nobody")) == {}
 
 
 async def test_remove_job(storage: Storage) -> None:
@@ -634,6 +708,34 @@ async def test_mongodb__unreachable_server_fails_fast_without_the_password() -> 
     assert "127.0.0.1:1" in str(raised.value)
     assert "s3cret" not in str(raised.value)
     await storage.close()
+
+
+@pytest.mark.parametrize("after", [None, "s-00050"])
+@pytest.mark.parametrize("stage", [None, 1])
+def test_sqlite__a_page_by_status_searches_the_status_index_never_the_whole_job(
+    tmp_path: Path, stage: int | None, after: str | None
+) -> None:
+    from choreography_ray.storage.sqlite import _steps_page
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def lay_out() -> None:
+        storage = SqliteStorage(url)
+        await storage.insert_steps([step("j1", f"s-{n:05d}", stage=n % 2) for n in range(100)])
+        await storage.close()
+
+    asyncio.run(lay_out())
+    page = _steps_page("j1", {FAILED, StepStatus.UNREACHABLE}, stage, after, 25)
+    assert page is not None
+    sql, args = page
+    with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+
+    searches = [line for line in plan if line.startswith("SEARCH job_steps")]
+    index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
+    assert len(searches) == 2, plan
+    assert all(f"INDEX {index} (job_id=? AND " in line and "status=?" in line
+               for line in searches), plan  # fmt: skip
 
 
 def test_sqlite__pickles_as_its_url(tmp_path: Path) -> None:

@@ -236,3 +236,37 @@ def test_spec_example__max_retries_2_delay_2s_runs_three_times_then_dead_letters
     assert verdict.retry_count == 3
     assert (when - starts[-1]).total_seconds() <= options.manifest_cycle.total_seconds()
     assert (starts[-1] - starts[0]).total_seconds() < 10
+
+
+# --- the outlook a page shows -----------------------------------------------------------------
+
+
+def outlook(m, *runs, now=T0, **history):  # type: ignore[no-untyped-def]
+    return cycle.outlook(m, History(runs=newest_first(*runs), **history), OPTIONS, now)
+
+
+def test_outlook__an_interval_is_next_due_an_interval_after_its_last_success() -> None:
+    m = manifest(schedule=Every.hours(1))
+    seen = outlook(m, succeeded(T0 - 10 * MINUTE))
+    assert seen == cycle.Outlook(counted_failures=0, next_due=T0 + 50 * MINUTE)
+
+
+def test_outlook__counts_failures_in_the_window_and_a_queued_retry_is_due_when_scheduled() -> None:
+    m = manifest(schedule=Every.hours(1))
+    runs = [failed(T0 - 3 * HOUR), failed(T0 - 2 * HOUR), failed(T0 - 48 * HOUR)]
+    retry = WorkEntry(scope="s", manifest="m", run_id="r", scheduled_at=T0 + 10 * MINUTE)
+    seen = outlook(m, *runs, queued=[retry])
+    assert seen == cycle.Outlook(2, T0 + 10 * MINUTE, cycle.WaitReason.QUEUED)
+    at_once = WorkEntry(scope="s", manifest="m", run_id="r")
+    assert outlook(m, *runs, queued=[at_once]).next_due == T0
+
+
+def test_outlook__running_dead_lettered_disabled_and_done_have_no_due_time() -> None:
+    awaiting = dead_letter(DeadLetterStatus.AWAITING_INTERVENTION)
+    running = run(RunStatus.RUNNING, T0 - MINUTE)
+    once = manifest(schedule=OnceAt(at=T0 - HOUR))
+    assert outlook(manifest(), running).waiting is cycle.WaitReason.RUNNING
+    assert outlook(manifest(), dead_letters=[awaiting]).waiting is cycle.WaitReason.DEAD_LETTERED
+    assert outlook(manifest(enabled=False)).waiting is cycle.WaitReason.DISABLED
+    assert outlook(once, succeeded(T0 - HOUR)) == cycle.Outlook(0, None, cycle.WaitReason.NOT_DUE)
+    assert outlook(once) == cycle.Outlook(0, T0 - HOUR)

@@ -1,0 +1,341 @@
+"""The jobs pages: the list at `/`, a job at `/jobs/{job_id}` with its live fragment, and the
+job actions behind their confirmations.
+
+The list is one page of `Storage.find_jobs` (newest first, paged by cursor) and one
+`count_jobs_by_type_and_status` for the counts at the top: two indexed queries whatever the
+number of jobs. A job page reads the job record (its counters and status history), one page of
+its failed steps (`list_steps` by status, in step-id order) and the scheduler run it belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from choreography_ray.dashboard.actions import ActionRefused, JobOperation
+from choreography_ray.dashboard.security import Refused
+from choreography_ray.dashboard.site import Site, site_of
+from choreography_ray.model import JobState, utcnow
+from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
+from choreography_ray.storage import JobCursor, JobFilter
+
+#: Jobs per page of the list, unless `limit` says otherwise (at most `MAX_PAGE`).
+PAGE = 50
+MAX_PAGE = 500
+#: Failed steps per page of a job's failed steps.
+FAILED_PAGE = 25
+#: The failed steps a job page lists: failures and the steps a failure made unreachable.
+FAILED_SHOWN = FAILED_STEP | {StepStatus.UNREACHABLE}
+#: Characters of a job's request shown on its page; the whole is at `request.json`.
+REQUEST_SHOWN = 64 * 1024
+#: Milliseconds between two refreshes of a job page's live part.
+LIVE_EVERY_MS = 1000
+
+_RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+OPERATIONS = {
+    JobOperation.STOP: (
+        "Stop",
+        "Running steps are told to stop and no new step starts. A stopped job can be resumed.",
+    ),
+    JobOperation.RESUME: (
+        "Resume",
+        "The job runs again from its stored plan: steps without an outcome start again.",
+    ),
+    JobOperation.RETRY_FAILED: (
+        "Retry failed steps",
+        "Every failed step runs again as its next attempt (for a job that completed with "
+        "failures, of a job type that allows it).",
+    ),
+    JobOperation.REMOVE: (
+        "Remove",
+        "The job and all its records (steps, counted steps, the job itself) are deleted. This "
+        "cannot be undone.",
+    ),
+}
+
+
+class BadQuery(ValueError):
+    """A filter the list cannot read."""
+
+
+def parse_status(text: str) -> JobStatus | None:
+    """A job status by member name or stored value, in any case; "" for any status."""
+    if not text:
+        return None
+    key = text.replace("_", "").replace("-", "").lower()
+    for status in JobStatus:
+        if key in (status.name.replace("_", "").lower(), status.value.lower()):
+            return status
+    names = ", ".join(s.name for s in JobStatus)
+    raise BadQuery(f"{text!r} is not a job status: use one of {names}")
+
+
+def parse_since(text: str, now: datetime) -> datetime | None:
+    """ "24h", "30m", "7d" before `now`, or a date or time (ISO-8601, UTC unless it says)."""
+    text = text.strip()
+    if not text:
+        return None
+    if match := _RELATIVE.match(text.lower()):
+        return now - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadQuery(f"{text!r} is not a time: use 24h, 7d, 2026-12-01 or "
+                       "2026-12-01T08:00") from None  # fmt: skip
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+
+
+def parse_cursor(text: str) -> JobCursor | None:
+    if not text:
+        return None
+    created, _, job_id = text.partition("/")
+    try:
+        return JobCursor(datetime.fromisoformat(created), job_id)
+    except ValueError:
+        raise BadQuery(f"{text!r} is not a place in the list") from None
+
+
+def cursor_text(job: JobState) -> str:
+    return f"{job.created.isoformat()}/{job.id}"
+
+
+@dataclass(frozen=True)
+class JobsQuery:
+    """The list's filters and place, as its URL has them."""
+
+    status: str = ""
+    type: str = ""
+    scope: str = ""
+    namespace: str = ""
+    since: str = ""
+    before: str = ""
+    after: str = ""
+    limit: int = PAGE
+    where: JobFilter = field(default_factory=JobFilter, compare=False)
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str], now: datetime) -> JobsQuery:
+        text = {name: params.get(name, "").strip() for name in
+                ("status", "type", "scope", "namespace", "since", "before", "after")}  # fmt: skip
+        try:
+            limit = min(max(int(params.get("limit") or PAGE), 1), MAX_PAGE)
+        except ValueError:
+            raise BadQuery(f"limit {params.get('limit')!r} is not a number") from None
+        status = parse_status(text["status"])
+        where = JobFilter(
+            scope=text["scope"] or None,
+            namespace=text["namespace"] or None,
+            statuses=None if status is None else frozenset({status}),
+            type=text["type"] or None,
+            created_since=parse_since(text["since"], now),
+        )
+        parse_cursor(text["before"])
+        parse_cursor(text["after"])
+        return cls(**text, limit=limit, where=where)
+
+    def link(self, **changes: str | int) -> str:
+        """This list's URL with `changes`."""
+        # A new place drops the old one; a filter change starts at the newest page.
+        changes = {"before": "", "after": "", **changes}
+        values = {**self.params(), **changes}
+        shown = {k: v for k, v in values.items() if v not in ("", None) and
+                 not (k == "limit" and v == PAGE)}  # fmt: skip
+        return "/" + (f"?{urlencode(shown)}" if shown else "")
+
+    def params(self) -> dict[str, str | int]:
+        return {"status": self.status, "type": self.type, "scope": self.scope,
+                "namespace": self.namespace, "since": self.since, "before": self.before,
+                "after": self.after, "limit": self.limit}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Listing:
+    jobs: list[JobState]
+    newer: str | None
+    older: str | None
+    #: Jobs per status under every filter but the status.
+    counts: dict[JobStatus, int]
+    #: The job types stored under the filters but the type and the status.
+    types: list[str]
+
+
+async def read_listing(site: Site, query: JobsQuery) -> Listing:
+    where, limit = query.where, query.limit
+    before, after = parse_cursor(query.before), parse_cursor(query.after)
+    found = await site.storage.find_jobs(where, before=before, after=after, limit=limit + 1)
+    more = len(found) > limit
+    if after is not None:
+        jobs, has_newer, has_older = (found[1:] if more else found), more, True
+    else:
+        jobs, has_newer, has_older = found[:limit], before is not None, more
+    newer = query.link(after=cursor_text(jobs[0])) if has_newer and jobs else None
+    older = query.link(before=cursor_text(jobs[-1])) if has_older and jobs else None
+    if has_newer and not jobs:
+        newer = query.link(status=query.status)
+    unsorted = replace(where, statuses=None, type=None)
+    tally = await site.storage.count_jobs_by_type_and_status(unsorted)
+    counts: dict[JobStatus, int] = {}
+    for (job_type, status), n in tally.items():
+        if where.type is None or job_type == where.type:
+            counts[status] = counts.get(status, 0) + n
+    ordered = {s: counts[s] for s in JobStatus if counts.get(s)}
+    return Listing(jobs, newer, older, ordered, sorted({t for t, _ in tally}))
+
+
+async def jobs_page(request: Request) -> Response:
+    site = site_of(request)
+    try:
+        query = JobsQuery.parse(request.query_params, utcnow())
+    except BadQuery as error:
+        return site.error(request, 400, "This filter cannot be read", str(error))
+    listing = await read_listing(site, query)
+    keys = await site.storage.list_manager_keys()
+    context = {
+        "query": query,
+        "listing": listing,
+        "statuses": list(JobStatus),
+        "scopes": sorted({k.scope for k in keys}),
+        "namespaces": sorted({k.namespace for k in keys}),
+        "total": sum(listing.counts.values()),
+    }
+    return site.render(request, "jobs.html", context)
+
+
+async def _job(site: Site, request: Request) -> JobState | Response:
+    job_id = request.path_params["job_id"]
+    state = await site.storage.get_job(job_id)
+    if state is None:
+        return site.error(request, 404, "No such job", f"There is no job {job_id} in "
+                          f"{site.storage_shown}.")  # fmt: skip
+    return state
+
+
+async def job_page(request: Request) -> Response:
+    site = site_of(request)
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    steps_after = request.query_params.get("steps_after") or None
+    failed = await site.storage.list_steps(
+        state.id, statuses=FAILED_SHOWN, after=steps_after, limit=FAILED_PAGE + 1
+    )
+    more = len(failed) > FAILED_PAGE
+    failed = failed[:FAILED_PAGE]
+    request_json = json.dumps(state.request, indent=2, ensure_ascii=False)
+    context = {
+        "job": state,
+        "pace": site.rates.pace(state),
+        "live_every": LIVE_EVERY_MS,
+        "failed": failed,
+        "failed_total": state.progress.failed_steps + state.progress.unreachable_steps,
+        "failed_first": steps_after is None,
+        "failed_next": f"/jobs/{state.id}?steps_after={failed[-1].step_id}" if more else None,
+        "run": await site.scheduler_storage.run_for_job(state.id),
+        "request_json": request_json[:REQUEST_SHOWN],
+        "request_cut": len(request_json) > REQUEST_SHOWN,
+        "operations": OPERATIONS,
+    }
+    return site.render(request, "job.html", context)
+
+
+async def job_live(request: Request) -> Response:
+    """The live part of a job page, which the page's script swaps in every second."""
+    site = site_of(request)
+    state = await site.storage.get_job(request.path_params["job_id"])
+    context = {"job": state, "pace": None if state is None else site.rates.pace(state),
+               "live_every": LIVE_EVERY_MS}  # fmt: skip
+    response = site.render(request, "_live.html", context)
+    response.headers["cache-control"] = "no-store"
+    return response
+
+
+async def job_request(request: Request) -> Response:
+    site = site_of(request)
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    return JSONResponse(state.request)
+
+
+def _operation(request: Request) -> JobOperation | None:
+    try:
+        return JobOperation(request.path_params["operation"])
+    except ValueError:
+        return None
+
+
+def no_actions(site: Site, request: Request) -> Response:
+    return site.error(request, 403, "Actions are off", "This dashboard was started without "
+                      "--address, so it cannot reach the jobs managers: it only reads "
+                      "storage.")  # fmt: skip
+
+
+async def confirm_job_operation(request: Request) -> Response:
+    site = site_of(request)
+    op = _operation(request)
+    if op is None:
+        return site.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    if site.actions is None:
+        return no_actions(site, request)
+    return _confirmation(site, request, state, op)
+
+
+def _confirmation(
+    site: Site,
+    request: Request,
+    state: JobState,
+    op: JobOperation,
+    refused: ActionRefused | None = None,
+) -> Response:
+    label, explanation = OPERATIONS[op]
+    context = {"job": state, "op": op, "label": label, "explanation": explanation,
+               "refused": refused}  # fmt: skip
+    return site.render(request, "confirm_job.html", context, 409 if refused else 200)
+
+
+async def do_job_operation(request: Request) -> Response:
+    site = site_of(request)
+    op = _operation(request)
+    if op is None:
+        return site.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+    form = await request.form()
+    try:
+        site.guard.check_action(request, form)
+    except Refused as refused:
+        return site.error(request, refused.status, "Not allowed", refused.reason)
+    if site.actions is None:
+        return no_actions(site, request)
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    try:
+        message = await site.actions.operate(state.scope, state.namespace, state.id, op)
+    except ActionRefused as refused:
+        return _confirmation(site, request, state, op, refused)
+    target = "/" if op is JobOperation.REMOVE else f"/jobs/{state.id}"
+    response = RedirectResponse(target, status_code=303)
+    site.flash(response, message)
+    return response
+
+
+routes = [
+    Route("/", jobs_page),
+    Route("/jobs/{job_id}", job_page),
+    Route("/jobs/{job_id}/live", job_live),
+    Route("/jobs/{job_id}/request.json", job_request),
+    Route("/jobs/{job_id}/{operation}", confirm_job_operation, methods=["GET"]),
+    Route("/jobs/{job_id}/{operation}", do_job_operation, methods=["POST"]),
+]
