@@ -38,6 +38,13 @@ class Job(Generic[RequestT]):
     #: Whether a scheduler's retry of a failed run of this job type resumes after the failed
     #: run's latest completed stage (docs/scheduler.md, "Checkpoints"), instead of the top.
     checkpoint_stages: ClassVar[bool] = False
+    #: Whether a job that completed successfully keeps its records (job, steps, counted steps)
+    #: until `terminal_job_retention` removes them; False drops them as it completes (when the
+    #: scheduler started it, once its run has settled). See docs/retention.md.
+    keep_after_completed: ClassVar[bool] = True
+    #: The same for a job that completed with failures (its failed steps go with it, so
+    #: `retry_failed_steps` has nothing left to retry). A FAILED job is always kept.
+    keep_after_completed_with_failures: ClassVar[bool] = True
 
     job_id: str
     scope: str

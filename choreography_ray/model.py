@@ -163,11 +163,21 @@ class JobState(_Record):
     #: `checkpoint_stages`). Once the plan is stored it is kept only when the plan's stage
     #: layout matched and stages were skipped; otherwise cleared, and the job ran from the top.
     resume_after: ResumeAfter | None = None
+    #: Whoever started it reads its outcome from storage (the scheduler, for its runs): a job
+    #: type that does not keep its finished records (`Job.keep_after_completed` off) drops them
+    #: only once its starter releases it, not as it completes (docs/retention.md).
+    held: bool = False
     version: int = 0
 
     @property
     def key(self) -> JobsManagerKey:
         return JobsManagerKey(scope=self.scope, namespace=self.namespace)
+
+    @property
+    def status_since(self) -> datetime:
+        """When the job reached its current status: its last status change, else `created`.
+        What retention and the dead-job threshold measure a job's age from."""
+        return self.status_changes[-1].occurred if self.status_changes else self.created
 
     def with_status(self, status: JobStatus, *exception_messages: str) -> JobState:
         change = StatusChange(status=status, exception_messages=tuple(exception_messages))

@@ -62,6 +62,19 @@ class JobsOptions(BaseModel):
     #: How often a job saves its progress while steps report (progress is a cache; the watchdog
     #: recounts from storage).
     progress_save_interval: Duration = timedelta(milliseconds=250)
+    #: How often each jobs manager runs its cleanup pass (retention and dead jobs,
+    #: docs/retention.md); None, zero, negative or infinite turns the pass off.
+    cleanup_interval: Duration | None = timedelta(minutes=5)
+    #: How long a terminal job (COMPLETED_SUCCESSFULLY, COMPLETED_WITH_FAILURES, FAILED) is kept
+    #: after it reached that status; None, zero, negative or infinite keeps terminal jobs.
+    terminal_job_retention: Duration | None = timedelta(days=7)
+    #: Terminal jobs one cleanup pass removes at most, oldest first; None = every one due.
+    max_terminal_jobs_per_cleanup: int | None = Field(default=100, ge=1)
+    #: How long a job may stay PREPARING_JOB or PREPARING_STEPS without steps before the
+    #: cleanup pass removes it as dead; None, zero, negative or infinite never removes one.
+    dead_job_threshold: Duration | None = timedelta(hours=1)
+    #: Removals one cleanup pass runs at once; None = no bound.
+    max_concurrent_cleanup: int | None = Field(default=4, ge=1)
     #: The scheduler's options: its loops, retry backoff, failure window and dead letters.
     scheduler: SchedulerOptions = SchedulerOptions()
 
@@ -86,9 +99,28 @@ class JobsOptions(BaseModel):
     def reconciliation_seconds(self) -> float | None:
         return _positive_seconds(self.reconciliation_interval)
 
+    @property
+    def cleanup_seconds(self) -> float | None:
+        """The cleanup pass's interval in seconds, or None when it is off."""
+        return _positive_seconds(self.cleanup_interval)
 
-def _positive_seconds(value: timedelta) -> float | None:
-    if value == timedelta.max:
+    @property
+    def effective_terminal_job_retention(self) -> timedelta | None:
+        """How long terminal jobs are kept, or None when they are kept for good."""
+        return _positive(self.terminal_job_retention)
+
+    @property
+    def effective_dead_job_threshold(self) -> timedelta | None:
+        """How old a dead preparing job is before it is removed, or None when never."""
+        return _positive(self.dead_job_threshold)
+
+
+def _positive(value: timedelta | None) -> timedelta | None:
+    return None if _positive_seconds(value) is None else value
+
+
+def _positive_seconds(value: timedelta | None) -> float | None:
+    if value is None or value == timedelta.max:
         return None
     seconds = value.total_seconds()
     return seconds if 0 < seconds < math.inf else None

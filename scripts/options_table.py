@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
+import types
+import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -66,13 +68,28 @@ def _duration(value: timedelta) -> str:
     return "0" if seconds == 0 else f"{seconds * 1000:g} ms"
 
 
+def type_name(annotation: Any) -> str:
+    """A field's type as a reader writes it: `duration`, `int | None`, `tuple[str, ...]`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+        return f"{origin.__name__}[{inner}]"
+    if annotation is type(None):
+        return "None"
+    if annotation is timedelta:
+        return "duration"
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def table(model: type[BaseModel], prefix: str = "") -> list[str]:
     notes = comments(model)
     rows = ["| option | type | default | meaning |", "| --- | --- | --- | --- |"]
     for name, field in model.model_fields.items():
-        kind = str(field.annotation).replace("datetime.timedelta", "duration")
-        kind = kind.replace("typing.", "").replace("<class '", "").replace("'>", "")
-        kind = kind.replace("choreography_ray.scheduler.options.", "").replace("|", "\\|")
+        kind = type_name(field.annotation).replace("|", "\\|")
         meaning = notes.get(name, "").replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | `{kind}` | {shown(field.default)} | {meaning} |")
     return rows

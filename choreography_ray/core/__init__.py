@@ -6,4 +6,6 @@ resume, recover, remove, retry-failed, a watchdog tick, a pump step) one turn at
 (`hosts.py`). Each spec rule lives in the module its name promises: `stages.py`, `window.py`,
 `counting.py`, `stopping.py`, `resuming.py`, `retries.py`, `watchdog.py`, `leases.py`, and the
 job status table in `transitions.py`. The Ray shell is `choreography_ray.runtime.job_actor`.
+`cleanup.py` is the jobs manager's retention and dead-job cleanup (its shell is
+`choreography_ray.runtime.manager`).
 """

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from choreography_ray.core import leases, resuming, stopping
+from choreography_ray.core.cleanup import keeps_records
 from choreography_ray.core.counting import Counting
 from choreography_ray.core.hosts import Hosts
 from choreography_ray.core.resuming import Recover, Resume
@@ -455,7 +456,23 @@ class JobCore:
         messages = () if message is None else (message,)
         await self._set_status(status, *messages, error=error)
         self._owed = None
+        job = self.job
+        if job is not None and not self._state.held and not keeps_records(type(job), status):
+            await self._drop_records()
         self._request_exit()
+
+    async def _drop_records(self) -> None:
+        """A completed job whose type does not keep its records drops them, in the turn that
+        saved its outcome (so nothing of this activation writes them again). A drop that fails
+        leaves them to the cleanup pass's retention."""
+        try:
+            await stopping.remove_records(self.storage, self.job_id)
+        except Exception as error:
+            log.warning("job %s: dropping its records (its type does not keep them) failed: "
+                        "%s; terminal_job_retention removes them", self.job_id, error)  # fmt: skip
+            return
+        self._removed = True
+        log.info("job %s: %s, its records dropped (not kept)", self.job_id, self._state.status)
 
     # -- the window ---------------------------------------------------------------------------
 
@@ -853,9 +870,7 @@ class JobCore:
                 await self._job.on_stopped()
                 self._stopped_hook_ran = True
             if removing:
-                await self.storage.remove_job_steps(self.job_id)
-                await self.storage.remove_job_counted(self.job_id)
-                await self.storage.remove_job(self.job_id)
+                await stopping.remove_records(self.storage, self.job_id)
                 self._removed = True
             else:
                 await self._save(stop_finalized=True)

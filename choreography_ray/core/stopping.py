@@ -15,6 +15,7 @@ from choreography_ray.core.window import Window
 from choreography_ray.errors import JobOperationError, StopJobError
 from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
+from choreography_ray.storage import Storage
 
 
 def refuse_stop(state: JobState) -> None:
@@ -44,3 +45,11 @@ def stop_owed(state: JobState) -> bool:
     return state.status is JobStatus.REMOVING or (
         state.status is JobStatus.STOPPED and not state.stop_finalized
     )
+
+
+async def remove_records(storage: Storage, job_id: str) -> None:
+    """Deletes a job's steps, its counted records, then its record: a removal cut short
+    leaves the job record, by which it is found and finished again."""
+    await storage.remove_job_steps(job_id)
+    await storage.remove_job_counted(job_id)
+    await storage.remove_job(job_id)

@@ -7,6 +7,10 @@ RetryFailedSteps the job type or the stored status refuses. The answers are the 
 activation's own (`core.stopping.refuse_stop`, `core.resuming.resume_action`,
 `core.resuming.check_retry_failed`), so they cannot drift apart. Only an operation that has
 work to do activates the job; an actor created to refuse would stay (a detached process).
+
+Every activation of a job actor goes through this manager, inside `claims.using(job_id)`, so
+the cleanup pass (`core.cleanup`, a named periodic task every `cleanup_interval`) never removes
+a job an operation here is using, and an operation waits for a removal in progress.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import ray
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from choreography_ray.core.cleanup import Claims, Cleanup, CleanupPolicy, drops_records
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
+from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.stages import Stages
 from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
@@ -31,7 +37,8 @@ from choreography_ray.job import Job
 from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
-from choreography_ray.runtime.names import manager_name
+from choreography_ray.runtime.membership import actor_exists
+from choreography_ray.runtime.names import job_name, manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import CountedKind, step_pages
@@ -63,6 +70,20 @@ class ManagerCore:
         #: Jobs this activation created and is starting: not interrupted, so never rehydrated
         #: (a rehydration would fail them for their missing plan before their start ran).
         self._starting: set[str] = set()
+        self._ray_namespace = ray_namespace
+        self.claims = Claims()
+        self.cleanup = Cleanup(
+            self.storage,
+            self.key,
+            CleanupPolicy.of(self.options),
+            self.claims,
+            self._is_active,
+            allowed_type_prefixes=self.options.allowed_type_prefixes,
+        )
+
+    async def _is_active(self, job_id: str) -> bool:
+        """Whether the job's actor is alive (or restarting): a lookup in Ray's GCS."""
+        return await asyncio.to_thread(actor_exists, job_name(job_id), self._ray_namespace)
 
     async def _record_key(self) -> None:
         if not self._key_recorded:
@@ -79,11 +100,14 @@ class ManagerCore:
         request: Any,
         job_id: str | None = None,
         resume_after: ResumeAfter | None = None,
+        held: bool = False,
     ) -> tuple[str, StartJobError | None]:
         """Starts a job; `job_id` (a fresh id) is the caller's choice when given: the
         scheduler links a run to its job before the job's steps can ask for it. A job type
         with `checkpoint_stages` starts after `resume_after`'s stage (the scheduler's retry
-        of a failed run); another ignores it."""
+        of a failed run); another ignores it. `held`: the caller reads the job's outcome from
+        storage and calls `release` once it has, so a job type that does not keep its
+        finished records (`keep_after_completed` off) keeps them until then."""
         # Before anything is stored: a request is stored whole in the job's record.
         size = len(to_json(request, serialize_unknown=True))
         if size > self.options.max_request_bytes:
@@ -108,15 +132,17 @@ class ManagerCore:
             type=job_type,
             request=validated.model_dump(mode="json"),
             resume_after=resume_after if cls.checkpoint_stages else None,
+            held=held and drops_records(cls),
         ).with_status(JobStatus.PREPARING_JOB)
         self._starting.add(job_id)
         try:
-            try:
-                await self.storage.create_job(state)
-            except Exception as error:
-                raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
-            actor = await self.job_actor(job_id)
-            start_error: StartJobError | None = await actor.start.remote()
+            async with self.claims.using(job_id):
+                try:
+                    await self.storage.create_job(state)
+                except Exception as error:
+                    raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
+                actor = await self.job_actor(job_id)
+                start_error: StartJobError | None = await actor.start.remote()
         finally:
             self._starting.discard(job_id)
         return job_id, start_error
@@ -154,11 +180,12 @@ class ManagerCore:
         decides it, else on the job's actor (activated if need be)."""
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r}")
-        state = await self._owned(job_id)
-        if self._answered_from_storage(state, operation):
-            return None
-        actor = await self.job_actor(job_id)
-        return await getattr(actor, operation).remote()
+        async with self.claims.using(job_id):
+            state = await self._owned(job_id)
+            if self._answered_from_storage(state, operation):
+                return None
+            actor = await self.job_actor(job_id)
+            return await getattr(actor, operation).remote()
 
     def _answered_from_storage(self, state: JobState, operation: str) -> bool:
         """Raises the job's own refusal, or returns True for an operation that does nothing
@@ -181,6 +208,31 @@ class ManagerCore:
     def config(self) -> dict[str, str]:
         """The storage URL and options (JSON) this manager was created with."""
         return {"storage": self.storage_url, "options": self.options_json}
+
+    # -- retention and dead-job cleanup -------------------------------------------------------
+
+    def start_cleanup(self) -> None:
+        """The cleanup pass every `cleanup_interval`, as the named task "cleanup": a pass that
+        fails is logged by name and runs again after 1 s, doubling to 60 s."""
+        interval = self.options.cleanup_seconds
+        if interval is None or not self.cleanup.enabled:
+            return
+        self.tasks.repeat(
+            "cleanup", lambda: asyncio.sleep(interval), self.cleanup.run_pass, STANDARD
+        )
+
+    def release(self, job_id: str) -> None:
+        """The held job's starter has read its outcome (see `start`): the release runs in the
+        background, as the named task "release {job_id}", retried while the job's actor is
+        still alive."""
+        self.tasks.spawn(f"release {job_id}", self.cleanup.release(job_id))
+
+    def cleanup_stats(self) -> dict[str, Any]:
+        return {
+            "passes": self.cleanup.passes,
+            "removed": {job_id: str(why) for job_id, why in self.cleanup.removed.items()},
+            "failures": dict(self.tasks.failures),
+        }
 
     # -- rehydration --------------------------------------------------------------------------
 
@@ -219,16 +271,17 @@ class ManagerCore:
                 self.resuming += 1
                 self.peak_resuming = max(self.peak_resuming, self.resuming)
                 try:
-                    # Reloaded before dispatch: a job finished meanwhile is left alone.
-                    state = await self.storage.get_job(job_id)
-                    if (
-                        state is not None
-                        and state.status in REHYDRATED_JOB
-                        and job_id not in self._starting
-                    ):
-                        self.drained.append(job_id)
-                        actor = await self.job_actor(job_id)
-                        await actor.recover.remote()
+                    async with self.claims.using(job_id):
+                        # Reloaded before dispatch: a job finished meanwhile is left alone.
+                        state = await self.storage.get_job(job_id)
+                        if (
+                            state is not None
+                            and state.status in REHYDRATED_JOB
+                            and job_id not in self._starting
+                        ):
+                            self.drained.append(job_id)
+                            actor = await self.job_actor(job_id)
+                            await actor.recover.remote()
                 except Exception as error:
                     # Left in storage: the next pass, or reconciliation, resumes it.
                     log.warning("rehydrating job %s failed: %s", job_id, error)
@@ -257,6 +310,7 @@ class JobsManagerActor:
         if restarted:
             # A manager killed mid-drain comes back and drains again from storage.
             self.core.tasks.spawn("restart rehydration", self.core.rehydrate())
+        self.core.start_cleanup()
 
     async def start(
         self,
@@ -264,8 +318,9 @@ class JobsManagerActor:
         request: Any,
         job_id: str | None = None,
         resume_after: ResumeAfter | None = None,
+        held: bool = False,
     ) -> tuple[str, StartJobError | None]:
-        return await self.core.start(job_type, request, job_id, resume_after)
+        return await self.core.start(job_type, request, job_id, resume_after, held)
 
     async def get(self, job_id: str) -> JobState:
         return await self.core.get(job_id)
@@ -287,6 +342,14 @@ class JobsManagerActor:
 
     async def config(self) -> dict[str, str]:
         return self.core.config()
+
+    async def release(self, job_id: str) -> None:
+        self.core.release(job_id)
+
+    async def cleanup_stats(self) -> dict[str, Any]:
+        """Cleanup passes run, the jobs they (and releases) removed with why, and background
+        tasks that failed (name: last error)."""
+        return self.core.cleanup_stats()
 
     async def drain_stats(self) -> dict[str, Any]:
         """The rehydration drain as observed: order of dispatch and peak concurrency."""

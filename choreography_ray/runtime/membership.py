@@ -29,6 +29,15 @@ def alive_cpu_nodes() -> dict[str, int]:
     }
 
 
+def actor_exists(name: str, namespace: str) -> bool:
+    """Whether a named actor is registered (alive, or restarting) in `namespace`."""
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
 def actor_is_dead(actor_id: str) -> bool:
     """Whether Ray's state says the actor is dead for good (or unknown)."""
     from ray.util.state import get_actor

@@ -47,7 +47,7 @@ from choreography_ray.core.turns import Supervisor
 from choreography_ray.model import JobsManagerKey
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
-from choreography_ray.runtime.membership import node_table
+from choreography_ray.runtime.membership import actor_exists, node_table
 from choreography_ray.runtime.names import RECOVERY, job_name
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
 from choreography_ray.scheduler.keys import ScheduledKeys
@@ -349,7 +349,7 @@ class RecoveryCore:
             missing = [
                 j
                 for j in jobs
-                if not await asyncio.to_thread(_actor_exists, job_name(j.id), self.namespace)
+                if not await asyncio.to_thread(actor_exists, job_name(j.id), self.namespace)
             ]
             if missing:
                 orphaned += len(missing)
@@ -369,14 +369,6 @@ class RecoveryCore:
             "retrying": dict(self.retrying),
             "failures": dict(self.tasks.failures),
         }
-
-
-def _actor_exists(name: str, namespace: str) -> bool:
-    try:
-        ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return False
-    return True
 
 
 @ray.remote

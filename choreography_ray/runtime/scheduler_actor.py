@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from choreography_ray.core.cleanup import drops_records
 from choreography_ray.errors import JobOperationError, StartJobError, TypeImportError
 from choreography_ray.job import Job
 from choreography_ray.model import ResumeAfter
@@ -67,7 +68,8 @@ class RayJobsPort:
             manager = await asyncio.to_thread(
                 actors.manager_actor, scope, namespace, *self._manager_args
             )
-            started, _ = await manager.start.remote(job_type, request, job_id, resume_after)
+            # Held: the run is settled from the job's stored outcome (see `release_job`).
+            started, _ = await manager.start.remote(job_type, request, job_id, resume_after, True)
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
             refused = isinstance(cause, TypeImportError) or (
@@ -89,6 +91,18 @@ class RayJobsPort:
                 views[job_id] = JobView(state.status, state.stop_finalized,
                                         state.progress.stages, resumed)  # fmt: skip
         return views
+
+    async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
+        # Only a job type that drops records is held (the manager decides so at its start).
+        try:
+            cls = import_type(job_type, self.allowed_type_prefixes)
+        except Exception:
+            return  # its manager could not start it either
+        if not (isinstance(cls, type) and issubclass(cls, Job) and drops_records(cls)):
+            return
+        manager = await asyncio.to_thread(actors.manager_actor, scope, namespace,
+                                          *self._manager_args)  # fmt: skip
+        await manager.release.remote(job_id)
 
     def checkpoint_stages(self, job_type: str) -> bool:
         try:

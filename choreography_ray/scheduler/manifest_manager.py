@@ -199,6 +199,8 @@ class ManifestManager:
                         update["resumed_from"] = None
                 await self.storage.save_run(run.model_copy(update=update))
                 changed = True
+                if view is not None:
+                    await self._release(run)
         for run in runs:
             waiting = run.status in (RunStatus.QUEUED, RunStatus.DISPATCH_REQUEUED)
             if not waiting or run.entry_id is None:
@@ -208,6 +210,17 @@ class ManifestManager:
                 await self._claimed_by_the_dead(entry, run)
                 changed = True
         return changed
+
+    async def _release(self, run: ManifestRun) -> None:
+        """A settled run's job is no longer held (see `port`); a failed release leaves the
+        job's records to the jobs manager's retention."""
+        assert run.job_id is not None
+        try:
+            await self.jobs.release_job(run.scope, run.namespace, run.job_type, run.job_id)
+        except Exception as error:
+            log.warning("scheduler/%s: releasing job %s of run %s failed (%s); its records stay "
+                        "until terminal_job_retention", self.scope, run.job_id, run.id,
+                        error)  # fmt: skip
 
     async def _claimed_by_the_dead(self, entry: WorkEntry, run: ManifestRun) -> None:
         """A run an earlier activation claimed and stopped before it saved the run started:

@@ -6,6 +6,11 @@ namespace, the unit tests with a fake. A start that fails raises `DispatchError`
 whether the jobs manager was reached: one that never was (the actor could not be reached,
 storage refused the job) is requeued with the dispatch backoff; one the manager refused (an
 unknown job type, a request that does not validate) is a failed run at once.
+
+The scheduler starts its jobs *held*: a job type that does not keep its finished records
+(`Job.keep_after_completed` or `keep_after_completed_with_failures` off) keeps them until the
+run is settled from them, and `release_job` then drops them. Without the hold the records could
+be gone before a cycle read them, and a success would settle as a cancellation (a removed job).
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class JobsPort(Protocol):
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         """The jobs' statuses; a job that no longer exists (removed) is left out."""
+
+    async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
+        """The run of `job_id` is settled from its job: the job is no longer held, and a job
+        type that does not keep its finished records has them dropped (in the background)."""
 
 
 def run_status_of(view: JobView | None) -> RunStatus | None:

@@ -10,8 +10,11 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
 
     jobs                one record per job. Key: job id. Fields: scope, namespace, type, status,
                         status_changes, stage, progress, request, has_plan, stop_finalized,
-                        records_counted_steps, error, created, version, schema_version.
+                        records_counted_steps, error, created, resume_after, held, version,
+                        schema_version, and status_since: when it reached its status
+                        (`JobState.status_since`, derived, written with every save).
                         Indexes: (scope, namespace, status), (status, stop_finalized),
+                        (scope, namespace, status, status_since): the cleanup query's,
                         (created, id) for `find_jobs`' newest-first pages.
     job_steps           one record per prepared step not yet succeeded. Key: "{job_id}/{step_id}".
                         Fields: job_id, step_id, type, stage, status, attempt, lease {silo,
@@ -34,7 +37,7 @@ import enum
 import json
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from choreography_ray.model import (
@@ -104,6 +107,17 @@ def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState
         )
         for s in steps
     ]
+
+
+def as_utc(when: datetime) -> datetime:
+    """`when` in UTC; a naive datetime is read as UTC."""
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def utc_text(when: datetime) -> str:
+    """`when` as fixed-width UTC ISO-8601 text with microseconds: such texts sort as the
+    instants do, so a provider can index and compare them."""
+    return as_utc(when).isoformat(timespec="microseconds")
 
 
 #: Counts of a job's stored steps by (stage, status).
@@ -187,6 +201,18 @@ class Storage(Protocol):
 
     async def count_jobs_by_type_and_status(self, where: JobFilter) -> JobCounts:
         """The jobs `where` matches counted by (type, status), in one aggregate query."""
+
+    async def list_jobs_for_cleanup(
+        self,
+        scope: str,
+        namespace: str,
+        statuses: Collection[JobStatus],
+        before: datetime,
+        limit: int,
+    ) -> list[JobState]:
+        """Jobs of the key in one of `statuses` that reached it (`JobState.status_since`)
+        before `before`, oldest first (ties by id), at most `limit`: an indexed query, whose
+        cost follows `limit` and not the number of jobs stored."""
 
     async def remove_job(self, job_id: str) -> None: ...
 
@@ -315,8 +341,10 @@ __all__ = [
     "StatusCounts",
     "StepUpdate",
     "Storage",
+    "as_utc",
     "open_storage",
     "planned_records",
     "redact_url",
     "step_pages",
+    "utc_text",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import TypeVar
 
 from choreography_ray.errors import ConcurrencyError, CorruptRecordError, DuplicateRecordError
@@ -31,6 +32,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    as_utc,
     planned_records,
 )
 
@@ -128,6 +130,22 @@ class MemoryStorage:
             for job_id, job in self.jobs.items()
             if (j := _checked(job, JobState, "jobs", job_id)) is not None
         ]
+
+    async def list_jobs_for_cleanup(
+        self,
+        scope: str,
+        namespace: str,
+        statuses: Collection[JobStatus],
+        before: datetime,
+        limit: int,
+    ) -> list[JobState]:
+        wanted, before = set(statuses), as_utc(before)
+        jobs = [
+            (as_utc(j.status_since), j.id, j)
+            for j in await self.list_jobs(scope, namespace)
+            if j.status in wanted
+        ]
+        return [j for since, _, j in sorted(jobs, key=lambda t: t[:2]) if since < before][:limit]
 
     async def remove_job(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)

@@ -5,6 +5,11 @@ In the URL's database, else `choreography` (fields as in `choreography_ray.stora
     jobs                `_id` job id. Indexes (scope, namespace, status), (status, stop_finalized),
                         (created) for `find_jobs`' newest-first pages (nx refuses `_id` in
                         a compound index; ties on `created` are few and sorted by `_id`).
+                        (scope, namespace, status, status_since). `status_since` (when the
+                        job reached its status) is derived and written with every save, for the
+                        cleanup query: one indexed, sorted and limited find per status, merged.
+                        A document written before the field existed gets it from its status
+                        history on the first cleanup query of its key by each instance.
     job_steps           `_id` "{job_id}/{step_id}". Indexes (job_id, status),
                         (job_id, stage, status), (job_id, step_id).
     job_counted_steps   `_id` "{job_id}/{kind}/{step_id}"; job_id, kind, step_id. Index (job_id,
@@ -108,7 +113,12 @@ _DUPLICATE_KEY = 11000
 _AUTHENTICATION_FAILED = 18
 #: Each collection's indexes, as their ascending fields.
 _INDEXES = {
-    "jobs": ["scope namespace status", "status stop_finalized", "created"],
+    "jobs": [
+        "scope namespace status",
+        "status stop_finalized",
+        "scope namespace status status_since",
+        "created",
+    ],
     "job_steps": ["job_id status", "job_id stage status", "job_id step_id"],
     "job_counted_steps": ["job_id kind step_id"],
 }
@@ -141,6 +151,12 @@ def _document(record: JobState | StepState, key: str) -> Doc:
     return doc
 
 
+def _job_document(job: JobState) -> Doc:
+    doc = _document(job, job.id)
+    doc["status_since"] = _encode(job.status_since)
+    return doc
+
+
 def _parse(model: type[M], collection: str, doc: Mapping[str, Any]) -> M:
     check_schema_version(collection, str(doc.get("_id")), doc.get("schema_version"))
     try:
@@ -148,6 +164,23 @@ def _parse(model: type[M], collection: str, doc: Mapping[str, Any]) -> M:
         return model.model_validate({**doc, "id": doc.get("_id"), "status_changes": changes})
     except (ValidationError, ValueError, TypeError) as exc:
         raise CorruptRecordError(collection, str(doc.get("_id")), str(exc)) from exc
+
+
+def _fill_status_since(db: Database[Doc], scope: str, namespace: str) -> None:
+    """Gives the key's documents written before `status_since` existed the field, from their
+    status history (else `created`), so the cleanup query sees them."""
+    query = {"scope": scope, "namespace": namespace, "status_since": {"$exists": False}}
+    writes = []
+    for doc in db.jobs.find(query, {"status_changes": 1, "created": 1}):
+        try:
+            changes = doc.get("status_changes") or ()
+            when = json.loads(changes[-1])["occurred"] if changes else doc["created"]
+            since = _encode(datetime.fromisoformat(str(when)))
+        except (ValueError, TypeError, KeyError):
+            continue  # a document that does not parse is reported when it is read
+        writes.append(UpdateOne({"_id": doc["_id"]}, {"$set": {"status_since": since}}))
+    if writes:
+        db.jobs.bulk_write(writes, ordered=False)
 
 
 def _client_options(url: str) -> Doc:
@@ -187,6 +220,8 @@ class MongoStorage:
         self._client: MongoClient[Doc] | None = None
         self._db: Database[Doc] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        #: Keys whose documents without `status_since` this instance filled in.
+        self._since_filled: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"MongoStorage({redact_url(self.url)!r})"
@@ -239,7 +274,7 @@ class MongoStorage:
     # jobs
     async def create_job(self, job: JobState) -> JobState:
         stored = job.model_copy(update={"version": 1, **dict.fromkeys(_COUNTED, ())})
-        doc = _document(stored, job.id)
+        doc = _job_document(stored)
 
         def insert(db: Database[Doc]) -> None:
             try:
@@ -256,7 +291,7 @@ class MongoStorage:
 
     async def save_job(self, job: JobState) -> JobState:
         stored = job.model_copy(update={"version": job.version + 1, **dict.fromkeys(_COUNTED, ())})
-        doc = _document(stored, job.id)
+        doc = _job_document(stored)
 
         def replace(db: Database[Doc]) -> None:
             if db.jobs.replace_one({"_id": job.id, "version": job.version}, doc).matched_count:
@@ -323,6 +358,33 @@ class MongoStorage:
         except (ValueError, AttributeError) as exc:
             raise CorruptRecordError("jobs", "*", f"bad status: {exc}") from exc
         return counts
+
+    async def list_jobs_for_cleanup(
+        self,
+        scope: str,
+        namespace: str,
+        statuses: Collection[JobStatus],
+        before: datetime,
+        limit: int,
+    ) -> list[JobState]:
+        wanted = sorted({JobStatus(s).value for s in statuses})
+        if not wanted or limit < 1:
+            return []
+        if (scope, namespace) not in self._since_filled:
+            await self._run(lambda db: _fill_status_since(db, scope, namespace))
+            self._since_filled.add((scope, namespace))
+        cutoff = _encode(before)
+        order = [("status_since", 1), ("_id", 1)]
+
+        def find(db: Database[Doc]) -> list[Doc]:
+            docs = []
+            for status in wanted:
+                query = {"scope": scope, "namespace": namespace, "status": status,
+                         "status_since": {"$lt": cutoff}}  # fmt: skip
+                docs += list(db.jobs.find(query).sort(order).limit(limit))
+            return sorted(docs, key=lambda d: (d["status_since"], d["_id"]))[:limit]
+
+        return [_parse(JobState, "jobs", doc) for doc in await self._run(find)]
 
     async def remove_job(self, job_id: str) -> None:
         await self._run(lambda db: db.jobs.delete_one({"_id": job_id}))

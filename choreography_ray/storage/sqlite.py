@@ -12,8 +12,11 @@ Layout (JSON columns hold pydantic's JSON of the field)::
     jobs                rowid table. id TEXT PRIMARY KEY, scope, namespace, type, status, stage,
                         progress JSON, request JSON, status_changes JSON, has_plan,
                         stop_finalized, records_counted_steps, error, created (ISO-8601, UTC),
-                        version, schema_version, resume_after JSON or NULL.
+                        version, schema_version, resume_after JSON or NULL, held, status_since
+                        (fixed-width UTC ISO-8601: written with every save, never read back).
                         Indexes: (scope, namespace, status), (status, stop_finalized),
+                        (scope, namespace, status, status_since, id) for the cleanup query,
+                        which reads one index range per status, each in age order, merged;
                         (created, id): `find_jobs` reads a page newest first along it.
     job_steps           WITHOUT ROWID. PRIMARY KEY (job_id, step_id); type, stage, status,
                         attempt, lease JSON {silo, activation, heartbeat} or NULL, is_prepared,
@@ -32,11 +35,14 @@ Layout (JSON columns hold pydantic's JSON of the field)::
 
 Opening a file creates what is missing, in one transaction: the tables, then the columns a file
 of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`, `error`,
-`version`, `schema_version` and `resume_after` of `jobs`; `attempt`, `lease`, `is_prepared` and
-`schema_version` of `job_steps`), each with the default its field reads as (`schema_version`
-1; `has_plan` 1 for a job whose progress has totals, which are written with the plan), then the
-indexes. Every row is written with this release's `SCHEMA_VERSION`; a row of a
-newer one is refused with `UnsupportedSchemaError` before it is parsed.
+`version`, `schema_version`, `resume_after`, `held` and `status_since` of `jobs`; `attempt`,
+`lease`, `is_prepared` and `schema_version` of `job_steps`), each with the default its field
+reads as (`schema_version` 1; `has_plan` 1 for a job whose progress has totals, which are
+written with the plan; `status_since` from each row's status history), then the indexes. A row
+an older release writes into a newer file has no `status_since` (NULL) and is no cleanup
+candidate until this release saves it. Every row is written with this release's
+`SCHEMA_VERSION`; a row of a newer one is refused with `UnsupportedSchemaError` before it is
+parsed.
 
 Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
 an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
@@ -89,6 +95,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    utc_text,
 )
 
 _T = TypeVar("_T")
@@ -108,7 +115,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     status TEXT NOT NULL, stage INTEGER NOT NULL, progress TEXT NOT NULL, request TEXT NOT NULL,
     status_changes TEXT NOT NULL, has_plan INTEGER NOT NULL, stop_finalized INTEGER NOT NULL,
     records_counted_steps INTEGER NOT NULL, error TEXT, created TEXT NOT NULL,
-    version INTEGER NOT NULL, schema_version INTEGER NOT NULL, resume_after TEXT);
+    version INTEGER NOT NULL, schema_version INTEGER NOT NULL, resume_after TEXT,
+    held INTEGER NOT NULL DEFAULT 0, status_since TEXT);
 CREATE TABLE IF NOT EXISTS job_steps (
     job_id TEXT NOT NULL, step_id TEXT NOT NULL, type TEXT NOT NULL, stage INTEGER NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, lease TEXT, is_prepared INTEGER NOT NULL,
@@ -126,6 +134,7 @@ _INDEXES = """
 CREATE INDEX IF NOT EXISTS jobs_scope_namespace_status ON jobs (scope, namespace, status);
 CREATE INDEX IF NOT EXISTS jobs_status_stop_finalized ON jobs (status, stop_finalized);
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
+CREATE INDEX IF NOT EXISTS jobs_cleanup ON jobs (scope, namespace, status, status_since, id);
 CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 """
@@ -140,6 +149,8 @@ _ADDED_COLUMNS = {
         "version": "INTEGER NOT NULL DEFAULT 0",
         "schema_version": f"INTEGER NOT NULL DEFAULT {FIRST_SCHEMA_VERSION}",
         "resume_after": "TEXT",
+        "held": "INTEGER NOT NULL DEFAULT 0",
+        "status_since": "TEXT",
     },
     "job_steps": {
         "attempt": "INTEGER NOT NULL DEFAULT 0",
@@ -152,14 +163,17 @@ _ADDED_COLUMNS = {
 _JOB_COLUMNS = (
     "id", "scope", "namespace", "type", "status", "stage", "progress", "request",
     "status_changes", "has_plan", "stop_finalized", "records_counted_steps", "error", "created",
-    "version", "schema_version", "resume_after",
+    "version", "schema_version", "resume_after", "held",
 )  # fmt: skip
+#: What a save writes: the columns read back, and `status_since`, derived for the cleanup index.
+_JOB_WRITTEN = (*_JOB_COLUMNS, "status_since")
 _STEP_COLUMNS = (
     "job_id", "step_id", "type", "stage", "status", "attempt", "lease", "is_prepared", "request",
     "status_changes", "updated", "schema_version",
 )  # fmt: skip
 _JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease", "resume_after"})
-_JOB_SELECT = f"SELECT {', '.join(_JOB_COLUMNS)} FROM jobs"
+_JOB_FIELDS = ", ".join(_JOB_COLUMNS)
+_JOB_SELECT = f"SELECT {_JOB_FIELDS} FROM jobs"
 _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
@@ -250,6 +264,27 @@ class SqliteStorage:
                 raise CorruptRecordError("jobs", "*", f"unknown status {status!r}")
             counts[job_type, JobStatus(status)] = count
         return counts
+
+    async def list_jobs_for_cleanup(
+        self,
+        scope: str,
+        namespace: str,
+        statuses: Collection[JobStatus],
+        before: datetime,
+        limit: int,
+    ) -> list[JobState]:
+        wanted = sorted({JobStatus(s).value for s in statuses})
+        if not wanted or limit < 1:
+            return []
+        # One index range per status, each in age order already, merged: a pass costs
+        # O(statuses * limit) however many jobs are stored.
+        branch = f"""SELECT * FROM (SELECT {_JOB_FIELDS}, status_since AS since FROM jobs
+            WHERE scope = ? AND namespace = ? AND status = ? AND status_since < ?
+            ORDER BY status_since, id LIMIT ?)"""
+        sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY since, id LIMIT ?"
+        cutoff = utc_text(before)
+        args = [a for status in wanted for a in (scope, namespace, status, cutoff, limit)]
+        return [_job(row[:-1]) for row in await self._query(sql, *args, limit)]
 
     async def remove_job(self, job_id: str) -> None:
         await self._execute("DELETE FROM jobs WHERE id = ?", job_id)
@@ -442,8 +477,25 @@ def _lay_out(connection: sqlite3.Connection) -> None:
                 if (table, column) == ("jobs", "has_plan"):
                     # The plan's totals are written with the plan: a job with totals has one.
                     connection.execute(_HAS_PLAN_FROM_TOTALS)
+                elif (table, column) == ("jobs", "status_since"):
+                    _fill_status_since(connection)
     for statement in filter(str.strip, _INDEXES.split(";")):
         connection.execute(statement)
+
+
+def _fill_status_since(connection: sqlite3.Connection) -> None:
+    """Each row's `status_since` from its status history (else `created`), as a save of this
+    release writes it: the history's texts are not of a fixed width, so they are parsed here."""
+    rows = connection.execute("SELECT id, status_changes, created FROM jobs").fetchall()
+    filled = []
+    for job_id, changes, created in rows:
+        try:
+            history = json.loads(changes)
+            when = history[-1]["occurred"] if history else created
+            filled.append((utc_text(datetime.fromisoformat(when)), job_id))
+        except (ValueError, TypeError, KeyError, IndexError):
+            continue  # a row that does not parse is reported when it is read
+    connection.executemany("UPDATE jobs SET status_since = ? WHERE id = ?", filled)
 
 
 def _without_counted(job: JobState, *, version: int) -> JobState:
@@ -510,22 +562,23 @@ def _job_row(job: JobState) -> tuple[Any, ...]:
         to_json(job.status_changes).decode(), job.has_plan, job.stop_finalized,
         job.records_counted_steps, job.error, _instant(job.created),
         job.version, SCHEMA_VERSION,
-        None if job.resume_after is None else job.resume_after.model_dump_json(),
+        None if job.resume_after is None else job.resume_after.model_dump_json(), job.held,
+        utc_text(job.status_since),
     )  # fmt: skip
 
 
 def _insert_job(connection: sqlite3.Connection, job: JobState) -> None:
-    marks = ", ".join("?" * len(_JOB_COLUMNS))
+    marks = ", ".join("?" * len(_JOB_WRITTEN))
     try:
         connection.execute(
-            f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({marks})", _job_row(job)
+            f"INSERT INTO jobs ({', '.join(_JOB_WRITTEN)}) VALUES ({marks})", _job_row(job)
         )
     except sqlite3.IntegrityError:
         raise DuplicateRecordError(f"job {job.id!r} exists already") from None
 
 
 def _update_job(connection: sqlite3.Connection, job: JobState, expected_version: int) -> None:
-    assignments = ", ".join(f"{column} = ?" for column in _JOB_COLUMNS[1:])
+    assignments = ", ".join(f"{column} = ?" for column in _JOB_WRITTEN[1:])
     sql = f"UPDATE jobs SET {assignments} WHERE id = ? AND version = ?"
     if connection.execute(sql, (*_job_row(job)[1:], job.id, expected_version)).rowcount == 0:
         row = connection.execute("SELECT version FROM jobs WHERE id = ?", (job.id,)).fetchone()

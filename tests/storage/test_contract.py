@@ -241,6 +241,112 @@ async def test_remove_job(storage: Storage) -> None:
     assert await storage.get_job("j1") is None
 
 
+# --- the cleanup query ---------------------------------------------------------------------
+
+
+def reached(job_id: str, status: JobStatus, at: datetime, namespace: str = "n") -> JobState:
+    """A job that reached `status` at `at` (its last status change), created a day before."""
+    history = (StatusChange(status=JobStatus.PREPARING_JOB, occurred=at - timedelta(days=1)),
+               StatusChange(status=status, occurred=at))  # fmt: skip
+    return job(job_id, namespace=namespace, status=status, created=at - timedelta(days=1),
+               status_changes=history)  # fmt: skip
+
+
+TERMINAL = (JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED)
+
+
+async def test_list_jobs_for_cleanup__the_keys_jobs_in_the_statuses_reached_before_oldest_first(
+    storage: Storage,
+) -> None:
+    def at(minutes: int) -> datetime:
+        return T0 + timedelta(minutes=minutes)
+
+    await storage.create_job(reached("failed-3", JobStatus.FAILED, at(3)))
+    await storage.create_job(reached("done-1", JobStatus.COMPLETED_SUCCESSFULLY, at(1)))
+    await storage.create_job(reached("failures-2", JobStatus.COMPLETED_WITH_FAILURES, at(2)))
+    await storage.create_job(reached("done-2", JobStatus.COMPLETED_SUCCESSFULLY, at(2)))
+    await storage.create_job(reached("done-at-cutoff", JobStatus.COMPLETED_SUCCESSFULLY, at(10)))
+    await storage.create_job(reached("running", JobStatus.RUNNING, at(0)))
+    await storage.create_job(reached("stopped", JobStatus.STOPPED, at(0)))
+    await storage.create_job(reached("removing", JobStatus.REMOVING, at(0)))
+    await storage.create_job(reached("elsewhere", JobStatus.FAILED, at(0), namespace="other"))
+
+    async def ids(statuses: tuple[JobStatus, ...], limit: int = 100) -> list[str]:
+        found = await storage.list_jobs_for_cleanup("s", "n", statuses, at(10), limit)
+        return [j.id for j in found]
+
+    # Ties (done-2, failures-2) in id order; the cutoff itself is not before it.
+    assert await ids(TERMINAL) == ["done-1", "done-2", "failures-2", "failed-3"]
+    assert await ids(TERMINAL, limit=2) == ["done-1", "done-2"]
+    assert await ids((JobStatus.FAILED,)) == ["failed-3"]
+    assert await ids((JobStatus.RUNNING, JobStatus.STOPPED)) == ["running", "stopped"]
+    assert await ids(()) == []
+    found = await storage.list_jobs_for_cleanup("s", "n", TERMINAL, at(10), 1)
+    assert found == [await storage.get_job("done-1")]
+
+
+async def test_list_jobs_for_cleanup__measures_from_the_last_status_change_else_created(
+    storage: Storage,
+) -> None:
+    # Created long ago, completed just now: not old. Never changed status: its creation counts.
+    await storage.create_job(reached("completed-late", JobStatus.COMPLETED_SUCCESSFULLY,
+                                     T0 + timedelta(days=30)))  # fmt: skip
+    await storage.create_job(job("unchanged", status=JobStatus.PREPARING_JOB, created=T0))
+    cutoff = T0 + timedelta(days=1)
+    preparing = (JobStatus.PREPARING_JOB, JobStatus.PREPARING_STEPS)
+
+    assert await storage.list_jobs_for_cleanup("s", "n", TERMINAL, cutoff, 10) == []
+    found = await storage.list_jobs_for_cleanup("s", "n", preparing, cutoff, 10)
+    assert [j.id for j in found] == ["unchanged"]
+
+
+async def test_list_jobs_for_cleanup__a_save_moves_the_job_to_its_new_status_and_time(
+    storage: Storage,
+) -> None:
+    stored = await storage.create_job(reached("j1", JobStatus.PREPARING_JOB, T0))
+    cutoff = T0 + timedelta(hours=1)
+    preparing = (JobStatus.PREPARING_JOB,)
+    assert [j.id for j in await storage.list_jobs_for_cleanup("s", "n", preparing, cutoff, 10)] == [
+        "j1"
+    ]
+
+    await storage.save_job(stored.with_status(JobStatus.FAILED))  # now: not before the cutoff
+
+    assert await storage.list_jobs_for_cleanup("s", "n", preparing, cutoff, 10) == []
+    assert await storage.list_jobs_for_cleanup("s", "n", (JobStatus.FAILED,), cutoff, 10) == []
+    later = datetime.now(UTC) + timedelta(minutes=1)
+    found = await storage.list_jobs_for_cleanup("s", "n", (JobStatus.FAILED,), later, 10)
+    assert [j.id for j in found] == ["j1"]
+
+
+async def test_held__stored_and_read_back(storage: Storage) -> None:
+    stored = await storage.create_job(job("j1", held=True))
+    assert (await storage.get_job("j1")).held is True  # type: ignore[union-attr]
+    await storage.save_job(stored.model_copy(update={"held": False}))
+    assert (await storage.get_job("j1")).held is False  # type: ignore[union-attr]
+
+
+async def test_mongodb__a_job_stored_without_status_since_is_found_by_the_cleanup_query(
+    storage: Storage, provider: str, storage_url: str
+) -> None:
+    """A document an older release wrote has no `status_since`: the query fills it in."""
+    if provider != "mongodb":
+        pytest.skip("MongoDB's documents of an older release")
+    await storage.create_job(reached("old", JobStatus.COMPLETED_SUCCESSFULLY, T0))
+    await storage.create_job(reached("new", JobStatus.COMPLETED_SUCCESSFULLY, T0))
+    import pymongo
+
+    client: pymongo.MongoClient[dict[str, object]]
+    with pymongo.MongoClient(storage_url) as client:
+        client.get_default_database().jobs.update_one({"_id": "old"},
+                                                      {"$unset": {"status_since": ""}})  # fmt: skip
+        assert "status_since" not in (client.get_default_database().jobs.find_one("old") or {})
+
+    found = await storage.list_jobs_for_cleanup("s", "n", TERMINAL, T0 + timedelta(days=1), 10)
+
+    assert [j.id for j in found] == ["new", "old"]
+
+
 # --- steps -----------------------------------------------------------------------------------
 
 

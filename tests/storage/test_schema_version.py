@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -95,6 +96,9 @@ async def test_newer_schema_version__refused_by_every_read_naming_the_record(
         "list_jobs": lambda: storage.list_jobs("s", "n"),
         "get_jobs_excluding_finalized_stops": lambda: storage.get_jobs_excluding_finalized_stops(
             "s", "n"
+        ),
+        "list_jobs_for_cleanup": lambda: storage.list_jobs_for_cleanup(
+            "s", "n", [JobStatus.RUNNING], datetime.now(UTC) + timedelta(days=1), 10
         ),
         "get_step": lambda: storage.get_step("j1", "new"),
         "list_steps": lambda: storage.list_steps("j1"),

@@ -28,6 +28,11 @@ from choreography_ray.options import window_size
         ("step_lease_timeout", timedelta(0)),
         ("keys_providers", ()),
         ("allowed_type_prefixes", None),
+        ("cleanup_interval", timedelta(minutes=5)),
+        ("terminal_job_retention", timedelta(days=7)),
+        ("max_terminal_jobs_per_cleanup", 100),
+        ("dead_job_threshold", timedelta(hours=1)),
+        ("max_concurrent_cleanup", 4),
     ],
 )
 def test_default_is_the_specs(name: str, default: object) -> None:
@@ -147,5 +152,30 @@ def test_options_are_frozen() -> None:
 
 @pytest.mark.parametrize("name", ["step_host_capacity", "step_batch_size"])
 def test_batch_sizes_must_be_positive(name: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        JobsOptions.model_validate({name: 0})
+
+
+@pytest.mark.parametrize("off", [None, 0, -1, math.inf, timedelta(0), timedelta.max], ids=repr)
+def test_cleanup_options__none_zero_negative_or_infinite_turn_each_off(
+    off: float | timedelta | None,
+) -> None:
+    options = JobsOptions(cleanup_interval=off, terminal_job_retention=off, dead_job_threshold=off)
+    assert options.cleanup_seconds is None
+    assert options.effective_terminal_job_retention is None
+    assert options.effective_dead_job_threshold is None
+
+
+def test_cleanup_options__on_by_default_and_read_as_seconds() -> None:
+    assert JobsOptions().cleanup_seconds == 300.0
+    assert JobsOptions().effective_terminal_job_retention == timedelta(days=7)
+    options = JobsOptions(terminal_job_retention=60, dead_job_threshold=1.5)
+    assert options.effective_terminal_job_retention == timedelta(seconds=60)
+    assert options.effective_dead_job_threshold == timedelta(seconds=1.5)
+
+
+@pytest.mark.parametrize("name", ["max_terminal_jobs_per_cleanup", "max_concurrent_cleanup"])
+def test_cleanup_limits__none_is_no_limit_and_below_one_is_refused(name: str) -> None:
+    assert getattr(JobsOptions.model_validate({name: None}), name) is None
     with pytest.raises(pydantic.ValidationError):
         JobsOptions.model_validate({name: 0})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,20 @@ def test_oldest_sqlite_file__loads_with_the_specs_defaults(oldest: Path) -> None
                 "old-stopped",
             ]
 
+            # status_since is filled in from each row's history: the cleanup query finds the
+            # terminal job by when it completed, the running one by when it started running.
+            terminal = (JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.FAILED)
+            cutoff = datetime(2024, 12, 31, 0, 0, 5, tzinfo=UTC)
+            assert await storage.list_jobs_for_cleanup("old", "n", terminal, cutoff, 10) == []
+            later = cutoff + timedelta(microseconds=1)
+            found = await storage.list_jobs_for_cleanup("old", "n", terminal, later, 10)
+            assert [j.id for j in found] == ["old-done"]
+            runs = (JobStatus.RUNNING,)
+            assert await storage.list_jobs_for_cleanup("old", "n", runs, later, 10) == []
+            found = await storage.list_jobs_for_cleanup("old", "n", runs, datetime.now(UTC), 1)
+            assert [j.id for j in found] == ["old-running"]
+            assert all(not j.held for j in jobs)
+
             # The job saves at the next version with this release's schema version, and the
             # counted-steps records now have a place.
             saved = await storage.save_job(running.model_copy(update={"stop_finalized": True}))
@@ -87,9 +102,8 @@ def test_oldest_sqlite_file__loads_with_the_specs_defaults(oldest: Path) -> None
 
     asyncio.run(read())
 
-    assert {"schema_version", "stop_finalized", "records_counted_steps", "version"} <= columns(
-        oldest, "jobs"
-    )
+    assert {"schema_version", "stop_finalized", "records_counted_steps", "version", "held",
+            "status_since"} <= columns(oldest, "jobs")  # fmt: skip
     assert {"attempt", "lease", "schema_version"} <= columns(oldest, "job_steps")
     assert {"job_numbers", "job_counted_steps"} <= tables(oldest)
     with sqlite3.connect(oldest) as connection:

@@ -104,10 +104,11 @@ async def create(
     storage: MemoryStorage | None = None,
     hosts: FakeHosts | None = None,
     resume_after: ResumeAfter | None = None,
+    held: bool = False,
     **options: Any,
 ) -> Harness:
     """A job stored PREPARING_JOB (as `runtime/manager.py` creates it; after a checkpoint with
-    `resume_after`) and its activation."""
+    `resume_after`; held for its starter with `held`) and its activation."""
     storage = MemoryStorage() if storage is None else storage
     hosts = FakeHosts(storage) if hosts is None else hosts
     job_id = uuid.uuid4().hex
@@ -118,6 +119,7 @@ async def create(
         type=type_path(job_type),
         request=request.model_dump(mode="json"),
         resume_after=resume_after,
+        held=held,
     ).with_status(JobStatus.PREPARING_JOB)
     await storage.create_job(state)
     harness = Harness(job_id, storage, hosts, JobsOptions(**{**DEFAULTS, **options}))

@@ -158,3 +158,15 @@ class ContinuingJob(StagedJob):
     """Every stage continues with the next one when some of its steps failed."""
 
     continue_on_failure = True
+
+
+class NotKeptJob(StagedJob):
+    """Drops its records once it completed successfully."""
+
+    keep_after_completed = False
+
+
+class NotKeptWithFailuresJob(StagedJob):
+    """Drops its records once it completed with failures."""
+
+    keep_after_completed_with_failures = False

@@ -69,6 +69,10 @@ class FakeJobs:
     checkpointing: set[str] = field(default_factory=set)
     #: Called with each started job's id, as the job's steps would run: before it returns.
     on_start: Callable[[str], Coroutine[Any, Any, None]] | None = None
+    #: Jobs released once their run settled, in order.
+    released: list[str] = field(default_factory=list)
+    #: Releases raise this (a jobs manager that cannot be reached).
+    release_error: Exception | None = None
 
     async def start_job(
         self,
@@ -101,6 +105,11 @@ class FakeJobs:
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         return {j: self.jobs[j] for j in job_ids if j in self.jobs}
+
+    async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
+        if self.release_error is not None:
+            raise self.release_error
+        self.released.append(job_id)
 
     def checkpoint_stages(self, job_type: str) -> bool:
         return job_type in self.checkpointing

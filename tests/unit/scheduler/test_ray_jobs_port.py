@@ -32,10 +32,18 @@ class FakeManager:
     def __init__(self, outcome: Any) -> None:
         self.outcome = outcome
         self.start = self
+        self.calls: list[tuple[Any, ...]] = []
 
     def remote(
-        self, job_type: str, request: dict[str, Any], job_id: str, resume_after: Any = None
+        self,
+        job_type: str,
+        request: dict[str, Any],
+        job_id: str,
+        resume_after: Any = None,
+        held: bool = False,
     ) -> Any:
+        self.calls.append((job_type, request, job_id, resume_after, held))
+
         async def answer() -> Any:
             if isinstance(self.outcome, BaseException):
                 raise self.outcome
@@ -102,3 +110,58 @@ def test_checkpoint_stages__of_a_job_type_that_opts_in_and_of_one_that_cannot_be
     assert not anywhere.checkpoint_stages("no.such.module:Job")
     elsewhere = port(JobsOptions(allowed_type_prefixes=["myapp."]))
     assert not elsewhere.checkpoint_stages(type_path(Checkpointed))
+
+
+class NotKept(Job[BaseModel]):
+    keep_after_completed = False
+
+
+class Releases:
+    """A manager handle whose `release.remote` records the job it is given."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.release = self
+
+    def remote(self, job_id: str) -> Any:
+        self.released.append(job_id)
+
+        async def answer() -> None:
+            return None
+
+        return answer()
+
+
+def test_start__asks_the_manager_to_hold_the_job_for_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manager = FakeManager(("job-1", None))
+    monkeypatch.setattr(actors, "manager_actor", lambda *args: manager)
+    port = shell.RayJobsPort(storage=None, storage_url="sqlite:///x.db", options_json="{}",  # type: ignore[arg-type]
+                             ns="n")  # fmt: skip
+    asyncio.run(port.start_job("s", "n", "pkg:J", {}, "job-1"))
+    assert manager.calls == [("pkg:J", {}, "job-1", None, True)]
+
+
+def test_release_job__reaches_the_manager_only_for_a_job_type_that_drops_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manager = Releases()
+    asked: list[tuple[str, str]] = []
+
+    def manager_actor(scope: str, namespace: str, *args: Any) -> Releases:
+        asked.append((scope, namespace))
+        return manager
+
+    monkeypatch.setattr(actors, "manager_actor", manager_actor)
+    port = shell.RayJobsPort(storage=None, storage_url="sqlite:///x.db", options_json="{}",  # type: ignore[arg-type]
+                             ns="n")  # fmt: skip
+
+    async def release_all() -> None:
+        await port.release_job("s", "n", type_path(NotKept), "dropped")
+        await port.release_job("s", "n", type_path(Checkpointed), "kept")
+        await port.release_job("s", "n", "no.such.module:Job", "unknown")
+
+    asyncio.run(release_all())
+    assert manager.released == ["dropped"]
+    assert asked == [("s", "n")]
