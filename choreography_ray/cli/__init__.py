@@ -15,6 +15,13 @@ import typer
 
 from choreography_ray import __version__
 from choreography_ray.cli import bench, chaos, demo, jobs, run, scheduler
+from choreography_ray.cli._command import (
+    DebugOption,
+    LogJsonOption,
+    VerboseOption,
+    apply_flags,
+    install,
+)
 
 #: The name the console script is installed under (see `[project.scripts]`).
 PROG_NAME = "choreography-ray"
@@ -31,6 +38,8 @@ app = typer.Typer(
     help="A durable job system for large fan-out on Ray.",
     no_args_is_help=True,
     add_completion=False,
+    # A traceback is for --debug (cli/_command.py); locals could show a storage password.
+    pretty_exceptions_show_locals=False,
 )
 
 
@@ -51,8 +60,12 @@ def _root(
             is_eager=True,
         ),
     ] = False,
+    debug: DebugOption = False,
+    verbose: VerboseOption = 0,
+    log_json: LogJsonOption = False,
 ) -> None:
     """A durable job system for large fan-out on Ray."""
+    apply_flags(debug, verbose, log_json)
 
 
 # Command groups, in the order `--help` lists them. Each is a module of this package with
@@ -68,6 +81,8 @@ _COMMAND_GROUPS: tuple[CommandGroup, ...] = (
 
 for _group in _COMMAND_GROUPS:
     _group.register(app)
+# Every command takes the global options and reports errors as one line (cli/_command.py).
+install(app)
 
 
 def main() -> None:
