@@ -119,7 +119,7 @@ def _run_demo(steps: int, url: str, address: str | None) -> None:
         console.print(failed_steps_table(failed_steps, len(failed_steps)))
     console.print()
     console.print(
-        f"Inspect it again: choreography-ray status {state.id} --storage {url}",
+        f"Inspect it again: choreography-ray jobs show {state.id} --storage {url}",
         highlight=False,
         soft_wrap=True,
     )
