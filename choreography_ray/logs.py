@@ -136,8 +136,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
-#: The handler `configure` or `configure_from_env` installed on the package's logger.
+#: The handler `configure` or `configure_from_env` installed on the package's logger, and the
+#: logger's level and propagation before the first `configure` (what `unconfigure` restores).
 _handler: logging.Handler | None = None
+_before: tuple[int, bool] | None = None
 
 
 def level_for(verbosity: int) -> int:
@@ -155,8 +157,10 @@ def configure(
     `stream` (stderr) as text or JSON lines, through one handler of its own; the records no
     longer propagate to the root logger, so they are not written twice. Calling it again
     replaces the handler."""
-    global _handler
+    global _handler, _before
     logger = logging.getLogger(ROOT)
+    if _before is None:
+        _before = (logger.level, logger.propagate)
     if _handler is not None:
         logger.removeHandler(_handler)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
@@ -167,6 +171,20 @@ def configure(
     logger.propagate = False
     _handler = handler
     return handler
+
+
+def unconfigure() -> None:
+    """Undoes `configure`: the handler goes, the level and propagation are restored (for a
+    command run inside another program, such as a test)."""
+    global _handler, _before
+    logger = logging.getLogger(ROOT)
+    if _handler is not None:
+        logger.removeHandler(_handler)
+        _handler = None
+    if _before is not None:
+        logger.setLevel(_before[0])
+        logger.propagate = _before[1]
+        _before = None
 
 
 def configure_from_env() -> None:
@@ -198,4 +216,5 @@ __all__ = [
     "get_logger",
     "ids",
     "level_for",
+    "unconfigure",
 ]

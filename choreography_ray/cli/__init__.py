@@ -21,6 +21,7 @@ from choreography_ray.cli._command import (
     VerboseOption,
     apply_flags,
     install,
+    reset_flags,
 )
 
 #: The name the console script is installed under (see `[project.scripts]`).
@@ -51,6 +52,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
@@ -66,6 +68,7 @@ def _root(
 ) -> None:
     """A durable job system for large fan-out on Ray."""
     apply_flags(debug, verbose, log_json)
+    ctx.call_on_close(reset_flags)
 
 
 # Command groups, in the order `--help` lists them. Each is a module of this package with

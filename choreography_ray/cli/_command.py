@@ -92,6 +92,13 @@ def apply_flags(debug: bool, verbosity: int, log_json: bool) -> None:
     logs.configure(flags.verbosity, flags.log_json)
 
 
+def reset_flags() -> None:
+    """Back to no global flags and the logging as it was: the root runs it once the command
+    ended, for a command run inside another program (a test's `CliRunner`)."""
+    flags.debug, flags.verbosity, flags.log_json = False, 0, False
+    logs.unconfigure()
+
+
 def actor_log_env() -> dict[str, str]:
     """The log settings for actors this command creates: none unless `-v` or `--log-json`."""
     if not flags.verbosity and not flags.log_json:

@@ -214,6 +214,11 @@ def test_unknown_job__one_clear_line_and_exit_2(url: str) -> None:
         done = cli("jobs", command, "no-such-job", "--storage", url, timeout=REFUSE_SECONDS)
         one_clear_line(done, 2, "no job no-such-job")
     one_clear_line(cli("status", "no-such-job", "--storage", url), 2, "no job no-such-job")
+    # Another scope's job is not found there.
+    one_clear_line(cli("jobs", "show", "job-failed", "--storage", url, "--scope", "elsewhere"),
+                   2, "no job job-failed in", "(elsewhere)")  # fmt: skip
+    assert cli("jobs", "steps", "job-failed", "--storage", url, "--scope", "ops",
+               "--namespace", "a").returncode == 0  # fmt: skip
 
 
 def test_read_only_commands__a_missing_sqlite_file_is_not_created(tmp_path: Path) -> None:

@@ -103,3 +103,17 @@ def test_every_command__has_help_and_the_global_options(command: list[str]) -> N
     if command[-1] not in ("watch", "demo", "run"):
         assert "--json" in result.output or command == ["jobs", "watch"], command
     assert "--storage" in result.output
+
+
+def test_a_command_run_in_process__leaves_the_logging_and_flags_as_they_were() -> None:
+    import logging
+
+    from choreography_ray import logs
+    from choreography_ray.cli._common import flags
+
+    package = logging.getLogger("choreography_ray")
+    before = (package.level, package.propagate)
+    result = CliRunner().invoke(app, ["-vv", "jobs", "list", "--storage", "memory://", "--debug"])
+    assert result.exit_code == 2
+    assert (package.level, package.propagate) == before and logs._handler is None
+    assert (flags.debug, flags.verbosity, flags.log_json) == (False, 0, False)

@@ -16,14 +16,12 @@ from choreography_ray import logs
 
 @pytest.fixture(autouse=True)
 def reset() -> Iterator[None]:
+    package = logging.getLogger(logs.ROOT)
+    before = (package.level, package.propagate)
     yield
     logs.bind_process(None)
-    root = logging.getLogger(logs.ROOT)
-    if logs._handler is not None:
-        root.removeHandler(logs._handler)
-        logs._handler = None
-    root.propagate = True
-    root.setLevel(logging.NOTSET)
+    logs.unconfigure()
+    assert (package.level, package.propagate) == before and logs._handler is None
 
 
 def captured(verbosity: int = 1, json_lines: bool = False) -> io.StringIO:

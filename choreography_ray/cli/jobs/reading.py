@@ -68,6 +68,30 @@ TypeFilter = Annotated[
     ),
 ]
 LimitOption = Annotated[int, typer.Option("--limit", min=1, help="At most this many.")]
+JobScopeCheck = Annotated[
+    str | None,
+    typer.Option("--scope", help="The job's scope: another scope's job is not found.",
+                 show_default="any (a job id is unique)"),
+]  # fmt: skip
+JobNamespaceCheck = Annotated[
+    str | None,
+    typer.Option("--namespace", help="The job's namespace: another one's job is not found.",
+                 show_default="any"),
+]  # fmt: skip
+
+
+async def read_job(
+    store: Storage, job_id: str, scope: str | None, namespace: str | None
+) -> JobState | None:
+    """The stored job, or None when there is none in `scope`/`namespace` (when given)."""
+    state = await store.get_job(job_id)
+    if (
+        state is None
+        or scope not in (None, state.scope)
+        or namespace not in (None, state.namespace)
+    ):
+        return None
+    return state
 
 
 def parse_status(text: str) -> JobStatus:
@@ -125,6 +149,12 @@ async def read_jobs(
     return sorted(jobs, key=lambda j: j.created, reverse=True)
 
 
+def where(store: Storage, scope: str | None, namespace: str | None) -> str:
+    """The storage (and the scope/namespace asked for) a job was looked for in."""
+    asked = "/".join(filter(None, (scope, namespace)))
+    return f"{store.url}" + (f" ({asked})" if asked else "")
+
+
 def list_jobs(
     storage: StorageOption = None,
     scope: ScopeFilter = None,
@@ -169,6 +199,8 @@ def list_jobs(
 def show(
     job_id: JobIdArgument,
     storage: StorageOption = None,
+    scope: JobScopeCheck = None,
+    namespace: JobNamespaceCheck = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the job state as JSON (as `run` does).")
     ] = False,
@@ -178,7 +210,7 @@ def show(
 
     async def read() -> tuple[JobState | None, list[StepState]]:
         try:
-            state = await store.get_job(job_id)
+            state = await read_job(store, job_id, scope, namespace)
             failed: list[StepState] = []
             if state is not None and state.progress.has_failures:
                 failed = await store.list_steps(job_id, statuses=FAILED, limit=FAILED_STEPS_SHOWN)
@@ -188,7 +220,7 @@ def show(
 
     state, failed = asyncio.run(read())
     if state is None:
-        fail(f"no job {job_id} in {store.url}")
+        fail(f"no job {job_id} in {where(store, scope, namespace)}")
     if as_json:
         typer.echo(state_json(state))
         return
@@ -224,6 +256,8 @@ def parse_step_statuses(texts: list[str] | None) -> frozenset[StepStatus] | None
 def steps(
     job_id: JobIdArgument,
     storage: StorageOption = None,
+    scope: JobScopeCheck = None,
+    namespace: JobNamespaceCheck = None,
     status: Annotated[
         list[str] | None,
         typer.Option(
@@ -249,7 +283,7 @@ def steps(
 
     async def read() -> tuple[JobState | None, list[StepState]]:
         try:
-            state = await store.get_job(job_id)
+            state = await read_job(store, job_id, scope, namespace)
             if state is None:
                 return None, []
             return state, await store.list_steps(job_id, statuses=wanted, after=after,
@@ -259,7 +293,7 @@ def steps(
 
     state, found = asyncio.run(read())
     if state is None:
-        fail(f"no job {job_id} in {store.url}")
+        fail(f"no job {job_id} in {where(store, scope, namespace)}")
     if as_json:
         print_json([s.model_dump(mode="json") for s in found])
         return

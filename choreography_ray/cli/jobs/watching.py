@@ -37,7 +37,13 @@ from choreography_ray.cli._common import (
     open_stored,
 )
 from choreography_ray.cli._render import outcome
-from choreography_ray.cli.jobs.reading import JobIdArgument
+from choreography_ray.cli.jobs.reading import (
+    JobIdArgument,
+    JobNamespaceCheck,
+    JobScopeCheck,
+    read_job,
+    where,
+)
 from choreography_ray.client import settled
 from choreography_ray.model import JobState
 from choreography_ray.storage import Storage
@@ -121,6 +127,8 @@ async def follow(store: Storage, state: JobState, interval: float) -> JobState |
 def watch(
     job_id: JobIdArgument,
     storage: StorageOption = None,
+    scope: JobScopeCheck = None,
+    namespace: JobNamespaceCheck = None,
     interval: Annotated[
         float, typer.Option(min=0.1, help="Seconds between two reads of the job.")
     ] = DEFAULT_INTERVAL,
@@ -133,7 +141,7 @@ def watch(
 
     async def run() -> tuple[bool, JobState | None]:
         try:
-            first = await store.get_job(job_id)
+            first = await read_job(store, job_id, scope, namespace)
             if first is None:
                 return False, None
             return True, await follow(store, first, interval)
@@ -146,7 +154,7 @@ def watch(
         note(f"stopped watching; job {job_id} runs on")
         raise typer.Exit(ExitCode.INTERRUPTED) from None
     if not found:
-        fail(f"no job {job_id} in {store.url}")
+        fail(f"no job {job_id} in {where(store, scope, namespace)}")
     if state is None:
         fail(f"job {job_id} was removed", ExitCode.JOB_NOT_SUCCESSFUL)
     console.print()
