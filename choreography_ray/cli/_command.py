@@ -120,7 +120,7 @@ def describe(error: BaseException) -> tuple[str, ExitCode]:
     if isinstance(error, StorageUnavailableError):
         # pymongo appends its whole topology description: the reason comes before it.
         reason = str(error).split(", Timeout: ", 1)[0]
-        return (f"{reason}; check that the database runs and that --storage (or "
+        return (f"{reason}; check that the database can be reached and that --storage (or "
                 "$CHOREOGRAPHY_STORAGE) names it"), ExitCode.UNAVAILABLE  # fmt: skip
     if isinstance(error, JobsManagerUnavailableError | SchedulerUnavailableError):
         return str(error), ExitCode.UNAVAILABLE

@@ -411,7 +411,8 @@ class SqliteStorage:
             if connection is not None:
                 connection.close()
             raise StorageUnavailableError(
-                f"cannot read SQLite database {self.url} (file {self.path.absolute()}): {exc}"
+                f"cannot open SQLite database {self.url} (file {self.path.absolute()}) "
+                f"to read it: {exc}"
             ) from exc
         return connection
 

@@ -245,7 +245,7 @@ def test_unreachable_storage__one_clear_line_and_exit_4() -> None:
     url = f"mongodb://127.0.0.1:{free_port()}/db?serverSelectionTimeoutMS=300"
     for args in (["jobs", "list"], ["jobs", "show", "abc"], ["jobs", "stop", "abc"]):
         done = cli(*args, "--storage", url, timeout=REFUSE_SECONDS)
-        one_clear_line(done, 4, "is unavailable", "check that the database runs")
+        one_clear_line(done, 4, "is unavailable", "check that the database can be reached")
 
 
 def test_unreachable_ray_address__one_clear_line_and_exit_4(tmp_path: Path, url: str) -> None:

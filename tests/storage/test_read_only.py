@@ -109,7 +109,7 @@ def test_not_an_sqlite_file__unavailable_and_left_as_it_is(tmp_path: Path) -> No
     async def read() -> None:
         storage = open_storage(f"sqlite:///{path}", read_only=True)
         try:
-            with pytest.raises(StorageUnavailableError, match="cannot read SQLite database"):
+            with pytest.raises(StorageUnavailableError, match="cannot open SQLite database"):
                 await storage.list_manager_keys()
         finally:
             await storage.close()

@@ -69,7 +69,7 @@ def test_address_forms_tried_with_tcp_first() -> None:
          ExitCode.REFUSED, "can_retry_failed_steps"),
         (StorageUnavailableError("MongoDB at mongodb://h/db is unavailable: refused, Timeout: "
                                  "5s, Topology Description: <...>"),
-         ExitCode.UNAVAILABLE, "unavailable: refused; check that the database runs"),
+         ExitCode.UNAVAILABLE, "unavailable: refused; check that the database can be reached"),
         (JobsManagerUnavailableError("did not answer"), ExitCode.UNAVAILABLE, "did not answer"),
         (ConnectionError("GCS down"), ExitCode.UNAVAILABLE, "cannot reach the Ray cluster"),
         (KeyError("x"), ExitCode.REFUSED, "unexpected KeyError"),
