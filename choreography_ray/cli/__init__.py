@@ -15,6 +15,14 @@ import typer
 
 from choreography_ray import __version__
 from choreography_ray.cli import bench, chaos, dashboard, demo, jobs, run, scheduler
+from choreography_ray.cli._command import (
+    DebugOption,
+    LogJsonOption,
+    VerboseOption,
+    apply_flags,
+    install,
+    reset_flags,
+)
 
 #: The name the console script is installed under (see `[project.scripts]`).
 PROG_NAME = "choreography-ray"
@@ -31,6 +39,8 @@ app = typer.Typer(
     help="A durable job system for large fan-out on Ray.",
     no_args_is_help=True,
     add_completion=False,
+    # A traceback is for --debug (cli/_command.py); locals could show a storage password.
+    pretty_exceptions_show_locals=False,
 )
 
 
@@ -42,6 +52,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
@@ -51,8 +62,13 @@ def _root(
             is_eager=True,
         ),
     ] = False,
+    debug: DebugOption = False,
+    verbose: VerboseOption = 0,
+    log_json: LogJsonOption = False,
 ) -> None:
     """A durable job system for large fan-out on Ray."""
+    apply_flags(debug, verbose, log_json)
+    ctx.call_on_close(reset_flags)
 
 
 # Command groups, in the order `--help` lists them. Each is a module of this package with
@@ -69,6 +85,8 @@ _COMMAND_GROUPS: tuple[CommandGroup, ...] = (
 
 for _group in _COMMAND_GROUPS:
     _group.register(app)
+# Every command takes the global options and reports errors as one line (cli/_command.py).
+install(app)
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
-"""Rich renderings of job and step state, shared by `demo`, `run`, `status` and `list`."""
+"""Rich renderings of job and step state, shared by `demo`, `run` and the `jobs` commands."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from rich import box
 from rich.console import Group
@@ -12,7 +12,7 @@ from rich.text import Text
 
 from choreography_ray.client import settled
 from choreography_ray.model import JobState, StepState, utcnow
-from choreography_ray.status import JobStageFailureBehavior, JobStatus
+from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
 
 #: How many failed steps' messages a command shows.
 FAILED_STEPS_SHOWN = 5
@@ -27,6 +27,76 @@ _STATUS_STYLE = {
 
 def status_text(status: JobStatus) -> Text:
     return Text(status.name, style=_STATUS_STYLE.get(status, "bold"))
+
+
+def status_name(stored: str) -> str:
+    """A stored status value by its member name (`Running` -> RUNNING); as stored otherwise."""
+    for kind in (JobStatus, StepStatus):
+        try:
+            return kind(stored).name
+        except ValueError:
+            continue
+    return stored
+
+
+def when(at: datetime | None) -> str:
+    return "-" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def summary(state: JobState) -> Table:
+    """The job's identity and state, one field a row: what `jobs show` begins with."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    duration = job_duration(state)
+    rows: list[tuple[str, str | Text]] = [
+        ("Job", state.id),
+        ("Type", state.type),
+        ("Scope/namespace", f"{state.scope}/{state.namespace}"),
+        ("Status", status_text(state.status)),
+        ("Created (UTC)", when(state.created)),
+        ("Duration", "-" if duration is None else f"{duration.total_seconds():,.1f} s"),
+        ("Stage", str(state.stage)),
+    ]
+    if state.status is JobStatus.STOPPED:
+        rows.append(("Stop final", "yes" if state.stop_finalized else "no, steps still stop"))
+    if state.resume_after is not None:
+        rows.append(("Resumed after", f"stage {state.resume_after.stage} of run "
+                                      f"{state.resume_after.source}"))  # fmt: skip
+    if state.error:
+        rows.append(("Error", Text(state.error, style="red")))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def history_table(state: JobState) -> Table:
+    """The job's status changes, oldest first, with their messages."""
+    table = Table(title="Status history", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("Time (UTC)", no_wrap=True)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Messages", overflow="fold")
+    for change in state.status_changes:
+        table.add_row(
+            when(change.occurred), status_name(change.status),
+            "\n".join(change.exception_messages) or "-",
+        )  # fmt: skip
+    return table
+
+
+def steps_table(steps: Sequence[StepState], title: str) -> Table:
+    """Steps with their attempt, type and last status change's messages (`jobs steps`)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("Step", "Stage", "Status", "Attempt", "Type", "Updated (UTC)"):
+        table.add_column(column, no_wrap=column != "Type",
+                         justify="right" if column in ("Stage", "Attempt") else "left")  # fmt: skip
+    table.add_column("Message", overflow="fold")
+    for step in steps:
+        messages = step.status_changes[-1].exception_messages if step.status_changes else ()
+        table.add_row(step.step_id, str(step.stage), step.status.name, str(step.attempt),
+                      step.type.rpartition(":")[2], when(step.updated),
+                      "\n".join(messages) or "-")  # fmt: skip
+    return table
 
 
 def job_duration(state: JobState) -> timedelta | None:
@@ -101,7 +171,7 @@ def failed_steps_table(steps: Sequence[StepState], failed_total: int) -> Table:
 
 
 def jobs_table(states: Sequence[JobState]) -> Table:
-    """One row per job: what `list` prints. The job id is never cut: it is what `status` takes."""
+    """One row per job: what `jobs list` prints. The job id is never cut: commands take it."""
     table = Table(title=f"{len(states)} job(s)", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("Job", no_wrap=True, min_width=32)
     table.add_column("Status", no_wrap=True)

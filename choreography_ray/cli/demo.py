@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
+import ray
 import typer
 from rich.progress import (
     BarColumn,
@@ -21,6 +22,7 @@ from rich.progress import (
 )
 
 import choreography_ray as cr
+from choreography_ray.cli._cluster import init_ray
 from choreography_ray.cli._common import (
     AddressOption,
     ExitCode,
@@ -34,6 +36,7 @@ from choreography_ray.cli._common import (
 from choreography_ray.cli._render import failed_steps_table, outcome
 from choreography_ray.client import settled
 from choreography_ray.examples.demo import DemoJob, DemoRequest
+from choreography_ray.runtime.names import DEFAULT_NAMESPACE
 from choreography_ray.status import StepStatus
 
 #: The jobs manager the demo runs under: `choreography-ray list --scope demo` finds its jobs.
@@ -55,6 +58,14 @@ def demo(
     url = resolve_storage(storage)
     check_storage(url)
     console.print(f"Connecting to Ray (storage {url}) ...", highlight=False, soft_wrap=True)
+    init_ray(address, DEFAULT_NAMESPACE)
+    try:
+        _run_demo(steps, url, address)
+    finally:
+        ray.shutdown()
+
+
+def _run_demo(steps: int, url: str, address: str | None) -> None:
     with cr.Jobs.connect(storage=url, address=address) as jobs:
         manager = jobs.manager(DEMO_SCOPE, DEMO_NAMESPACE)
         began = time.monotonic()
@@ -108,7 +119,7 @@ def demo(
         console.print(failed_steps_table(failed_steps, len(failed_steps)))
     console.print()
     console.print(
-        f"Inspect it again: choreography-ray status {state.id} --storage {url}",
+        f"Inspect it again: choreography-ray jobs show {state.id} --storage {url}",
         highlight=False,
         soft_wrap=True,
     )

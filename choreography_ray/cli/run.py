@@ -8,19 +8,27 @@ Everything that can be checked before Ray starts is checked first (the job type 
 `Job`, the request file reads, parses and validates, the storage URL is known), so that bad input
 costs no cluster connection and stores nothing. The job's final state is printed on stdout as
 JSON; messages go to stderr.
+
+Ctrl-C while it waits asks whether to stop the job or detach from it (`--on-interrupt`); with
+stdin not a terminal, `ask` stops it.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import ray
 import typer
 from pydantic import BaseModel, ValidationError
+from rich.prompt import Prompt
 
 import choreography_ray as cr
+from choreography_ray.cli._cluster import init_ray
 from choreography_ray.cli._common import (
     AddressOption,
     ExitCode,
@@ -29,9 +37,11 @@ from choreography_ray.cli._common import (
     err_console,
     exit_code_for,
     fail,
+    note,
     resolve_storage,
     state_json,
 )
+from choreography_ray.client import JobsManager
 from choreography_ray.errors import (
     ChoreographyError,
     JobOperationError,
@@ -46,6 +56,72 @@ from choreography_ray.types import import_type
 #: The jobs manager a job starts under unless `--scope` / `--namespace` say otherwise.
 DEFAULT_SCOPE = "default"
 DEFAULT_JOB_NAMESPACE = "default"
+#: How long an interrupted `run` waits for the stop it asked for to be final, in seconds.
+STOP_WAIT_SECONDS = 60.0
+
+
+class OnInterrupt(enum.StrEnum):
+    """What Ctrl-C (SIGINT) while `run` waits does to the job."""
+
+    #: Ask on the terminal (stop is the default answer); stop when stdin is not a terminal.
+    ASK = "ask"
+    #: Stop the job, wait for the stop to be final, print its state.
+    STOP = "stop"
+    #: Leave the job running and exit (as `--no-wait` would have).
+    DETACH = "detach"
+
+
+def choose(policy: OnInterrupt, job_id: str) -> OnInterrupt:
+    """`policy`, or the user's answer to `ask`; Ctrl-C (or end of input) at the question
+    detaches."""
+    if policy is not OnInterrupt.ASK:
+        return policy
+    if not sys.stdin.isatty():
+        return OnInterrupt.STOP
+    try:
+        answer = Prompt.ask(
+            f"\nInterrupted: stop job {job_id}, or detach and leave it running?",
+            choices=[OnInterrupt.STOP.value, OnInterrupt.DETACH.value],
+            default=OnInterrupt.STOP.value,
+            console=err_console,
+        )
+    except (KeyboardInterrupt, EOFError):
+        return OnInterrupt.DETACH
+    return OnInterrupt(answer)
+
+
+def interrupted(
+    manager: JobsManager,
+    job_id: str,
+    policy: OnInterrupt,
+    started: dict[str, str],
+    address: str | None,
+) -> None:
+    """Ctrl-C while waiting: stops the job (and prints its state) or detaches (and prints
+    what `--no-wait` prints); exits 130 either way."""
+    if choose(policy, job_id) is OnInterrupt.DETACH:
+        typer.echo(json.dumps(started, indent=2))
+        note(f"detached: job {job_id} runs on (choreography-ray jobs watch {job_id} "
+             f"--storage {started['storage']})")  # fmt: skip
+        if (address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+            note("if this command started its own local Ray, the job is interrupted when it "
+                 "exits, until a jobs manager on this storage rehydrates it")  # fmt: skip
+        raise typer.Exit(ExitCode.INTERRUPTED)
+    note(f"stopping job {job_id} ...")
+    try:
+        manager.stop(job_id)
+    except JobOperationError as error:
+        note(f"job {job_id} was not stopped: {error}")
+    try:
+        state = manager.wait(job_id, timeout=STOP_WAIT_SECONDS)
+    except JobTimeoutError:
+        state = manager.get(job_id)
+        note(f"the stop of job {job_id} is not final after {STOP_WAIT_SECONDS:g} s")
+    except KeyboardInterrupt:
+        note(f"leaving; the stop of job {job_id} goes on")
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+    typer.echo(state_json(state))
+    raise typer.Exit(ExitCode.INTERRUPTED)
 
 
 def load_job_type(path: str) -> type[Job[Any]]:
@@ -115,6 +191,14 @@ def run(
             min=0, help="Give up waiting after this many seconds (exit 3).", show_default=False
         ),
     ] = None,
+    on_interrupt: Annotated[
+        OnInterrupt,
+        typer.Option(
+            case_sensitive=False,
+            help="Ctrl-C while waiting: ask, stop the job, or detach from it (ask stops it "
+            "when stdin is not a terminal).",
+        ),
+    ] = OnInterrupt.ASK,
 ) -> None:
     """Start a job from a request file; wait for it and print its final state as JSON.
 
@@ -122,13 +206,36 @@ def run(
     0 the job completed successfully;
     1 it completed with failures, failed, was stopped, or could not be started;
     2 bad input: nothing was started or stored;
-    3 --timeout passed first.
+    3 --timeout passed first;
+    4 the Ray cluster or the storage cannot be reached;
+    130 interrupted (the job stopped, or left running with --on-interrupt detach).
     """
     cls = load_job_type(job_type)
     validated = validate_request(cls, job_type, read_request(request))
     url = resolve_storage(storage)
     check_storage(url)
 
+    init_ray(address, ray_namespace)
+    try:
+        _start_and_wait(cls, job_type, validated, url, scope, namespace, address,
+                        ray_namespace, wait, timeout, on_interrupt)  # fmt: skip
+    finally:
+        ray.shutdown()
+
+
+def _start_and_wait(
+    cls: type[Job[Any]],
+    job_type: str,
+    validated: BaseModel,
+    url: str,
+    scope: str,
+    namespace: str,
+    address: str | None,
+    ray_namespace: str,
+    wait: bool,
+    timeout: float | None,
+    on_interrupt: OnInterrupt,
+) -> None:
     with cr.Jobs.connect(storage=url, address=address, namespace=ray_namespace) as jobs:
         manager = jobs.manager(scope, namespace)
         try:
@@ -149,24 +256,18 @@ def run(
                 f"warning: {started.error.name} when starting the first stage; the job runs on",
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
+        summary = {"job_id": started.job_id, "scope": scope, "namespace": namespace,
+                   "storage": url}  # fmt: skip
         if not wait:
-            typer.echo(
-                json.dumps(
-                    {
-                        "job_id": started.job_id,
-                        "scope": scope,
-                        "namespace": namespace,
-                        "storage": url,
-                    },
-                    indent=2,
-                )
-            )
+            typer.echo(json.dumps(summary, indent=2))
             return
         try:
             state = manager.wait(started.job_id, timeout=timeout)
         except JobTimeoutError as error:
             typer.echo(state_json(manager.get(started.job_id)))
             fail(str(error), ExitCode.TIMEOUT)
+        except KeyboardInterrupt:
+            interrupted(manager, started.job_id, on_interrupt, summary, address)
 
     typer.echo(state_json(state))
     raise typer.Exit(exit_code_for(state.status))

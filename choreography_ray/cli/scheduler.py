@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
@@ -23,6 +22,7 @@ from pydantic import BaseModel
 from rich import box
 from rich.table import Table
 
+from choreography_ray.cli._cluster import init_ray
 from choreography_ray.cli._common import (
     AddressOption,
     ExitCode,
@@ -200,7 +200,7 @@ def _act(
     url = resolve_storage(storage)
     import ray
 
-    ray.init(address=address, namespace=ray_namespace, logging_level=logging.WARNING)
+    init_ray(address, ray_namespace)
     try:
         try:
             handle = ray.get_actor(scheduler_name(scope), namespace=ray_namespace)

@@ -9,11 +9,10 @@ job record, so a saved count never runs ahead of its records.
 
 from __future__ import annotations
 
-import logging
-
+from choreography_ray.logs import get_logger
 from choreography_ray.storage import CountedKind, Storage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Counted-step records past which the job warns (and keeps recording), as the spec does.
 COUNTED_WARNING_THRESHOLD = 100_000

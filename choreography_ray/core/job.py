@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -60,6 +59,7 @@ from choreography_ray.errors import (
     StopJobError,
 )
 from choreography_ray.job import Job, StepSpec
+from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import JobState, ResumeAfter, StatusChange, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
@@ -68,7 +68,7 @@ from choreography_ray.step import JobStep
 from choreography_ray.storage import PlannedStep, StepUpdate, Storage, step_pages
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class JobCore:
@@ -559,7 +559,8 @@ class JobCore:
             self.window.requeue(start for start, _why in failures)
             raise
         for start, why in failures:
-            log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why)
+            log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why,
+                        extra=ids(self.job_id, start.step_id))  # fmt: skip
             self._settle(start, Outcome(start.step_id, start.attempt, StepStatus.FAILED, why))
 
     async def _store_cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:
@@ -1100,7 +1101,8 @@ class JobCore:
         if not active:
             return
         for outcome in await lost_reports(self.storage, self.job_id, stage, active):
-            log.info("job %s: settling the lost report of step %s", self.job_id, outcome.step_id)
+            log.info("job %s: settling the lost report of step %s", self.job_id, outcome.step_id,
+                     extra=ids(self.job_id, outcome.step_id))  # fmt: skip
             self.accept(outcome)
 
     async def _restart_orphans(self, stage: int) -> None:

@@ -13,14 +13,14 @@ and the owner's, and handed to its error handler, so nothing dies silently.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
 from choreography_ray.core.retries import Backoff
+from choreography_ray.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class Turns:

@@ -9,18 +9,18 @@ report has no attempt limit: it goes on until the job answers or no longer exist
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import ray
 
 from choreography_ray.core.retries import Backoff
+from choreography_ray.logs import get_logger, ids
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, outcomes_to_wire
 from choreography_ray.runtime.names import job_name
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Job actor handles a host keeps: those of the jobs it delivered to most recently.
 HANDLES_KEPT = 1024
@@ -69,6 +69,7 @@ class Delivery:
                         job_id,
                         attempt,
                         error,
+                        extra=ids(job_id),
                     )
                     return False
             await asyncio.sleep(backoff.delay(attempt))

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.membership import alive_cpu_nodes, alive_nodes
 from choreography_ray.runtime.messages import StepStart, starts_to_wire
@@ -20,7 +20,7 @@ from choreography_ray.runtime.names import actor_options, step_actor_name, step_
 from choreography_ray.runtime.step_host import StepHost
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class RayHosts:

@@ -7,20 +7,20 @@ once its job is terminal, stopped for good or removed (its record stays, but for
 from __future__ import annotations
 
 import asyncio
-import logging
 import warnings
 
 import ray
 
 from choreography_ray.core.job import JobCore
 from choreography_ray.errors import StartJobError
+from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Seconds between an exit being asked for and the actor exiting: the call that finished the job
 #: answers first, and an operation that reopens the job (retry-failed, resume) cancels the exit.
@@ -30,6 +30,7 @@ EXIT_GRACE = 1.0
 @ray.remote
 class JobActor:
     def __init__(self, job_id: str, storage_url: str, options_json: str, namespace: str) -> None:
+        configure_actor(job_id)  # this process serves one job: its records are that job's
         options = JobsOptions.model_validate_json(options_json)
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import logging
 import uuid
 import warnings
 from typing import Any
@@ -34,6 +33,7 @@ from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
 from choreography_ray.errors import JobLookupError, JobOperationError, StartJobError
 from choreography_ray.job import Job
+from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
@@ -44,7 +44,7 @@ from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import CountedKind, step_pages
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The operations `operate` routes to a job actor.
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
@@ -284,7 +284,8 @@ class ManagerCore:
                             await actor.recover.remote()
                 except Exception as error:
                     # Left in storage: the next pass, or reconciliation, resumes it.
-                    log.warning("rehydrating job %s failed: %s", job_id, error)
+                    log.warning("rehydrating job %s failed: %s", job_id, error,
+                                extra=ids(job_id))  # fmt: skip
                 finally:
                     self.resuming -= 1
 
@@ -303,6 +304,7 @@ class JobsManagerActor:
     def __init__(
         self, scope: str, namespace: str, storage_url: str, options_json: str, ray_namespace: str
     ) -> None:
+        configure_actor()
         self.core = ManagerCore(scope, namespace, storage_url, options_json, ray_namespace)
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")

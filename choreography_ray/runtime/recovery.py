@@ -35,7 +35,6 @@ import asyncio
 import functools
 import hashlib
 import json
-import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -44,6 +43,7 @@ from ray.experimental import internal_kv
 
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.turns import Supervisor
+from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import JobsManagerKey
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
@@ -55,7 +55,7 @@ from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import redact_url
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: How often node membership is read from Ray, in seconds.
 MEMBERSHIP_POLL = 1.0
@@ -376,6 +376,7 @@ class RecoveryActor:
     """A thin shell over `RecoveryCore`; created by `actors.recovery_actor`."""
 
     def __init__(self, namespace: str) -> None:
+        configure_actor()
         self.core = RecoveryCore(namespace)
 
     async def register(self, storage_url: str, options_json: str) -> None:

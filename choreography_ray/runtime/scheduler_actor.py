@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import logging
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -20,6 +19,7 @@ import ray
 from choreography_ray.core.cleanup import drops_records
 from choreography_ray.errors import JobOperationError, StartJobError, TypeImportError
 from choreography_ray.job import Job
+from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import ResumeAfter
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
@@ -38,7 +38,7 @@ from choreography_ray.scheduler.status import DeadLetterStatus
 from choreography_ray.storage import Storage
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Start errors by which the jobs manager refused the job itself: a failed run, not a dispatch
 #: to try again. COULD_NOT_PERSIST (storage refused the job) is a dispatch that did not reach.
@@ -119,6 +119,7 @@ class SchedulerActor:
     """Created by `actors.scheduler_actor`."""
 
     def __init__(self, scope: str, storage_url: str, options_json: str, ns: str) -> None:
+        configure_actor()
         self.storage_url = storage_url
         self.options_json = options_json
         options = JobsOptions.model_validate_json(options_json)

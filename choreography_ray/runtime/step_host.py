@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import logging
 import os
 from collections import Counter, defaultdict
 from collections.abc import Coroutine, Sequence
@@ -29,6 +28,7 @@ import ray
 from pydantic import BaseModel
 
 from choreography_ray.core.retries import Backoff
+from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.delivery import Delivery
@@ -42,7 +42,7 @@ from choreography_ray.step import JobStep, StepContext, StepResult
 from choreography_ray.storage import LeaseRenewal, StepUpdate, redact_url
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The failure message of a step whose perform raised CancelledError when nobody stopped it.
 UNASKED_CANCEL = "perform raised CancelledError without being stopped"
@@ -274,7 +274,10 @@ class StepHostCore:
                 # Persist, then deliver: an outcome that is not stored is not reported.
                 tries += 1
                 log.exception(
-                    "job %s: could not persist %d outcomes; retrying", job_id, len(outcomes)
+                    "job %s: could not persist %d outcomes; retrying",
+                    job_id,
+                    len(outcomes),
+                    extra=ids(job_id),
                 )
                 await asyncio.sleep(PERSIST_RETRY.delay(tries))
         async with self._room:
@@ -346,7 +349,8 @@ class StepHostCore:
             self._release(job_id)
         if not task.cancelled() and (error := task.exception()) is not None:
             job = "" if job_id is None else f" of job {job_id}"
-            log.error("step host task %r%s failed", task.get_name(), job, exc_info=error)
+            log.error("step host task %r%s failed", task.get_name(), job, exc_info=error,
+                      extra=ids(job_id))  # fmt: skip
 
     def _hold(self, job_id: str, n: int = 1) -> None:
         self.holds[job_id] += n
@@ -424,6 +428,7 @@ class StepHost:
     """`step-host/{node_id}/{n}`, or a dedicated `step/{job_id}/{step_id}` actor."""
 
     def __init__(self, namespace: str, capacity: int) -> None:
+        configure_actor()
         self.core = StepHostCore(namespace, capacity)
 
     async def start_steps(

@@ -13,7 +13,6 @@ the scope's lock (`lock.py`).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import timedelta
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 from choreography_ray.core.backoff import Backoff
 from choreography_ray.core.turns import Supervisor, Turns
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
+from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import failures
 from choreography_ray.scheduler.dispatcher import Dispatcher
 from choreography_ray.scheduler.lock import SchedulerLock, lock_name
@@ -40,7 +40,7 @@ from choreography_ray.scheduler.schedules import Schedule
 from choreography_ray.scheduler.status import DeadLetterStatus
 from choreography_ray.storage.scheduler import SchedulerStorage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,12 +34,13 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
+from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import utcnow
 from choreography_ray.scheduler.decisions import decision_key, is_replayable, state_hash
 from choreography_ray.scheduler.records import Decision, ManifestRun
 from choreography_ray.storage.scheduler import SchedulerStorage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 State = BaseModel | Mapping[str, Any]
 Ask = Callable[[], Any]
@@ -189,7 +189,7 @@ class JobDecisions:
             return await self.for_job(job_id)
         except Exception as error:
             log.warning("job %s: could not find its scheduler run (%s); this decision is asked "
-                        "and not recorded", job_id, error)  # fmt: skip
+                        "and not recorded", job_id, error, extra=ids(job_id))  # fmt: skip
             return None
 
     def forget(self, job_id: str) -> None:

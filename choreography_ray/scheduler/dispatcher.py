@@ -13,9 +13,9 @@ entry that resumes a failed run starts its job after that run's latest checkpoin
 
 from __future__ import annotations
 
-import logging
 import uuid
 
+from choreography_ray.logs import get_logger
 from choreography_ray.model import ResumeAfter
 from choreography_ray.scheduler import checkpoints, dispatching, replay
 from choreography_ray.scheduler.manifest_manager import HISTORY_RUNS, chain_checkpoints
@@ -25,7 +25,7 @@ from choreography_ray.scheduler.records import ManifestRun, WorkEntry
 from choreography_ray.scheduler.status import RunStatus
 from choreography_ray.storage.scheduler import SchedulerStorage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Entries claimed per dispatch.
 CLAIM_BATCH = 100

@@ -13,14 +13,14 @@ another take it.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from choreography_ray.logs import get_logger
 from choreography_ray.storage.scheduler import SchedulerStorage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def lock_name(scope: str) -> str:

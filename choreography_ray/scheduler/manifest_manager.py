@@ -11,11 +11,11 @@ A manifest whose turn fails is logged by name and holds up no other.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import checkpoints, cycle
 from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -31,7 +31,7 @@ from choreography_ray.scheduler.records import (
 from choreography_ray.scheduler.status import EntryKind, RunStatus, WorkStatus
 from choreography_ray.storage.scheduler import Enqueued, SchedulerStorage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Runs of a manifest (and of its parent) read per cycle, newest first: more than any failure
 #: window holds in a row before a dead letter.

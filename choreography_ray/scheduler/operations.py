@@ -7,12 +7,12 @@ keys of the work queue (`SchedulerStorage.enqueue`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
+from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import cycle, failures, replay
 from choreography_ray.scheduler.cycle import Release
 from choreography_ray.scheduler.manifest_manager import ManifestManager, gather, new_run
@@ -28,7 +28,7 @@ from choreography_ray.scheduler.schedules import Schedule
 from choreography_ray.scheduler.status import DeadLetterStatus, EntryKind, RunStatus
 from choreography_ray.storage.scheduler import Refusal, SchedulerStorage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 R = TypeVar("R", Manifest, ManifestRun, DeadLetter)
 

@@ -300,8 +300,13 @@ async def step_pages(
         after = page[-1].step_id
 
 
-def open_storage(url: str) -> Storage:
-    """The provider for `url`; an unknown scheme is a `ValueError` naming the known ones."""
+def open_storage(url: str, *, read_only: bool = False) -> Storage:
+    """The provider for `url`; an unknown scheme is a `ValueError` naming the known ones.
+
+    `read_only` is for readers outside the cluster (the CLI's read-only commands): such a
+    storage creates nothing, ever. SQLite opens an existing file read-only (a missing one is
+    `StorageUnavailableError`, never created) and lays out nothing; MongoDB creates no index.
+    Its writes fail. `memory://` ignores it."""
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "memory":
         from choreography_ray.storage.memory import MemoryStorage
@@ -310,11 +315,11 @@ def open_storage(url: str) -> Storage:
     if scheme == "sqlite":
         from choreography_ray.storage.sqlite import SqliteStorage
 
-        return SqliteStorage(url)
+        return SqliteStorage(url, read_only)
     if scheme in ("mongodb", "mongodb+srv"):
         from choreography_ray.storage.mongodb import MongoStorage
 
-        return MongoStorage(url)
+        return MongoStorage(url, read_only)
     raise ValueError(
         f"unknown storage URL {redact_url(url)!r}: use memory://, sqlite:///path.db "
         "or mongodb://host/database"

@@ -16,7 +16,8 @@ In the URL's database, else `choreography` (fields as in `choreography_ray.stora
                         kind, step_id): list, count and remove-all are queries; an add is inserts.
     jobs_manager_keys   `_id` '["{scope}", "{namespace}"]', a JSON pair no separator can break.
 
-Indexes are created on first use, once per instance. The code keeps to what both `mongod` and
+Indexes are created on first use, once per instance (never by a storage opened `read_only`,
+which creates nothing). The code keeps to what both `mongod` and
 `nx-27017` (the tests' server) implement, so tests run the production path. Measured on nx 0.8.1:
 
 - Datetimes are fixed-width UTC ISO-8601 strings with microseconds: nx stores a top-level
@@ -213,8 +214,10 @@ def _counted_id(job_id: str, kind: CountedKind, step_id: str) -> str:
 
 
 class MongoStorage:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, read_only: bool = False) -> None:
         self.url = url
+        #: A reader that creates nothing: no index is made (reads create no collection).
+        self.read_only = read_only
         self._lock = threading.Lock()  # guards the client; held while indexes are made
         self._pool_lock = threading.Lock()  # guards the pool; never held over I/O
         self._client: MongoClient[Doc] | None = None
@@ -233,7 +236,11 @@ class MongoStorage:
                 if self._client is None:
                     self._client = MongoClient(self.url, **_client_options(self.url))
                 db = self._client.get_default_database(DEFAULT_DATABASE)
-                for name, indexes in _INDEXES.items():
+                if self.read_only:
+                    # What the index creation does otherwise: connect (and authenticate) here,
+                    # where a failing handshake is told apart from a failing operation.
+                    db.command("ping")
+                for name, indexes in () if self.read_only else _INDEXES.items():
                     for fields in indexes:
                         db[name].create_index([(field, 1) for field in fields.split()])
                 self._db = db

@@ -44,6 +44,15 @@ candidate until this release saves it. Every row is written with this release's
 `SCHEMA_VERSION`; a row of a newer one is refused with `UnsupportedSchemaError` before it is
 parsed.
 
+A storage opened with `read_only` (`open_storage(url, read_only=True)`: the CLI's read-only
+commands) creates nothing: a missing file is `StorageUnavailableError` (no file or directory is
+made), an existing one is opened with SQLite's `mode=ro`, and what its layout lacks (a table, or
+a column of an older release) is shadowed in the connection's in-memory `temp` schema, which
+SQLite searches before the file's: an empty temp table for a missing table, a temp view that
+adds a missing column with its default. So it reads a file of any release as the upgrade would,
+without the upgrade. SQLite itself may create the `-wal` and `-shm` files beside a WAL database,
+as every reader of one does; they belong to the database and hold nothing of their own.
+
 Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
 an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
 meanwhile; it returns the rows the `executemany` changed. A status change is appended in SQL
@@ -57,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +74,7 @@ from datetime import UTC, datetime
 from itertools import repeat
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
@@ -188,18 +199,20 @@ _RENEW_LEASE = """UPDATE job_steps SET lease = ?1, updated = ?2
 
 
 class SqliteStorage:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, read_only: bool = False) -> None:
         path = url[len(_PREFIX) :] if url.startswith(_PREFIX) else ""
         if not path or path.startswith(":memory:") or "?" in path:
             raise ValueError(f"not a SQLite file URL: {url!r}; use sqlite:///path/to/jobs.db")
         self.url = url
         self.path = Path(path)
+        #: Opened for reading only: nothing is created, not even the file (module docstring).
+        self.read_only = read_only
         self._connection: sqlite3.Connection | None = None
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="choreography-sqlite")
 
-    def __reduce__(self) -> tuple[type[SqliteStorage], tuple[str]]:
-        return SqliteStorage, (self.url,)
+    def __reduce__(self) -> tuple[type[SqliteStorage], tuple[str, bool]]:
+        return SqliteStorage, (self.url, self.read_only)
 
     # jobs
     async def create_job(self, job: JobState) -> JobState:
@@ -313,7 +326,9 @@ class SqliteStorage:
         after: str | None = None,
         limit: int = 1000,
     ) -> list[StepState]:
-        page = _steps_page(job_id, statuses, stage, after, limit)
+        # A read-only file of an older release may lack the index (or read job_steps through a
+        # shadow view): the planner then chooses, slower on a large job but right.
+        page = _steps_page(job_id, statuses, stage, after, limit, named=not self.read_only)
         if page is None:
             return []
         sql, args = page
@@ -400,6 +415,8 @@ class SqliteStorage:
         return await self._run(lambda c: c.execute(sql, args).fetchall())
 
     async def _write(self, work: Callable[[sqlite3.Connection], object]) -> None:
+        if self.read_only:
+            raise StorageError(f"SQLite storage {self.url} is opened read-only")
         await self._run(lambda c: _transaction(c, work))
 
     async def _execute(self, sql: str, *args: object) -> None:
@@ -418,6 +435,8 @@ class SqliteStorage:
             raise StorageError(f"SQLite database {self.url}: {exc}") from exc
 
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only:
+            return self._connect_read_only()
         connection: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -435,6 +454,27 @@ class SqliteStorage:
                 connection.close()
             raise StorageUnavailableError(
                 f"cannot open SQLite database {self.url} (file {self.path.absolute()}): {exc}"
+            ) from exc
+        return connection
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise StorageUnavailableError(
+                f"no SQLite database at {self.path.absolute()} ({self.url}); nothing was created"
+            )
+        connection: sqlite3.Connection | None = None
+        try:
+            uri = f"file:{quote(str(self.path.absolute()))}?mode=ro"
+            connection = sqlite3.connect(
+                uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
+            shadow_missing(connection, _TABLES, _ADDED_COLUMNS)
+        except sqlite3.Error as exc:
+            if connection is not None:
+                connection.close()
+            raise StorageUnavailableError(
+                f"cannot open SQLite database {self.url} (file {self.path.absolute()}) "
+                f"to read it: {exc}"
             ) from exc
         return connection
 
@@ -498,6 +538,62 @@ def _fill_status_since(connection: sqlite3.Connection) -> None:
     connection.executemany("UPDATE jobs SET status_since = ? WHERE id = ?", filled)
 
 
+_CREATE_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
+#: A column declaration's default, as `_ADDED_COLUMNS` writes it (none: NULL).
+_DEFAULT = re.compile(r"DEFAULT (\S+)")
+
+
+def shadow_missing(
+    connection: sqlite3.Connection,
+    tables: str,
+    added_columns: dict[str, dict[str, str]] | None = None,
+) -> None:
+    """For a read-only connection: each table of `tables` (a script of `CREATE TABLE IF NOT
+    EXISTS` statements) that the file lacks is created empty in the in-memory `temp` schema,
+    and each of `added_columns` a table lacks is added by a `temp` view over it, with its
+    default. SQLite resolves an unqualified name in `temp` first, so the queries stay as they
+    are; nothing is written to the file."""
+    connection.execute("PRAGMA temp_store = MEMORY")
+    present = {name for (name,) in connection.execute(
+        "SELECT name FROM main.sqlite_master WHERE type = 'table'")}  # fmt: skip
+    for statement in filter(str.strip, tables.split(";")):
+        match = _CREATE_TABLE.search(statement)
+        if match is None:
+            continue
+        if match.group(1) not in present:
+            connection.execute(statement.replace(match.group(0), f"CREATE TEMP TABLE {match[1]}"))
+    for table, added in (added_columns or {}).items():
+        if table not in present:
+            continue
+        columns = {row[1] for row in connection.execute(f"PRAGMA main.table_info({table})")}
+        missing = [
+            f"{_missing_default(table, column, declaration)} AS {column}"
+            for column, declaration in added.items()
+            if column not in columns
+        ]
+        if missing:
+            # A view has no rowid of its own: the table's is kept, for the queries ordered by it.
+            rowid = "rowid AS rowid, " if _has_rowid(connection, table) else ""
+            connection.execute(f"CREATE TEMP VIEW {table} AS SELECT {rowid}*, "
+                               f"{', '.join(missing)} FROM main.{table}")  # fmt: skip
+
+
+def _has_rowid(connection: sqlite3.Connection, table: str) -> bool:
+    try:
+        connection.execute(f"SELECT rowid FROM main.{table} LIMIT 0")
+    except sqlite3.OperationalError:  # WITHOUT ROWID
+        return False
+    return True
+
+
+def _missing_default(table: str, column: str, declaration: str) -> str:
+    if (table, column) == ("jobs", "has_plan"):
+        # As the upgrade sets it: the plan's totals are written with the plan.
+        return "(json_extract(progress, '$.total_steps') > 0)"
+    default = _DEFAULT.search(declaration)
+    return default.group(1) if default else "NULL"
+
+
 def _without_counted(job: JobState, *, version: int) -> JobState:
     return job.model_copy(
         update={"version": version, "completed_steps_counted": (), "stopped_steps_counted": ()}
@@ -510,8 +606,10 @@ def _steps_page(
     stage: int | None,
     after: str | None,
     limit: int,
+    named: bool = True,
 ) -> tuple[str, list[object]] | None:
-    """The query of a `list_steps` page, None when it can match nothing."""
+    """The query of a `list_steps` page, None when it can match nothing; `named`: the status
+    index is named (`INDEXED BY`)."""
     args: list[object] = [job_id]
     where = "job_id = ?"
     if stage is not None:
@@ -528,7 +626,8 @@ def _steps_page(
     if not wanted:
         return None
     index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
-    branch = f"SELECT * FROM ({_STEP_SELECT} INDEXED BY {index} WHERE {where} AND status = ? "
+    hint = f" INDEXED BY {index}" if named else ""
+    branch = f"SELECT * FROM ({_STEP_SELECT}{hint} WHERE {where} AND status = ? "
     branch += "ORDER BY step_id LIMIT ?)"
     sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
     return sql, [*(a for status in wanted for a in (*args, status, limit)), limit]

@@ -191,6 +191,7 @@ def test_run__unreadable_request_exits_2(
 
 
 def test_status__unknown_job_exits_2(storage_url: str) -> None:
+    stored_jobs(storage_url)  # the file exists (a missing one: tests/acceptance/test_cli_jobs.py)
     done = cli("status", "no-such-job", "--storage", storage_url, timeout=REFUSE_SECONDS)
 
     assert done.returncode == 2, explain(done)

@@ -179,7 +179,7 @@ class MongoSchedulerStorage:
     async def _run(self, operation: Callable[[Database[Doc]], _T]) -> _T:
         def run(db: Database[Doc]) -> _T:
             if not self._indexed:
-                for name, indexes in _INDEXES.items():
+                for name, indexes in () if self.storage.read_only else _INDEXES.items():
                     for fields in indexes:
                         db[name].create_index([(f, 1) for f in fields.split()])
                 self._indexed = True

@@ -20,7 +20,8 @@ Each table holds the record's JSON (`doc`, the truth) beside the columns it is f
                     BEGIN IMMEDIATE transaction, so two holders cannot both take it.
 
 The tables are created on first use with `CREATE ... IF NOT EXISTS`, so a file of an older
-release (without them) opens as before and gains them. Times in columns are UTC ISO-8601 with
+release (without them) opens as before and gains them; a storage opened read-only creates none,
+and reads a missing table as empty. Times in columns are UTC ISO-8601 with
 microseconds, which sort as the instants do. The database's clock is SQLite's own `'now'` read
 in the statement's transaction (`scheduled_at` = `strftime(..., 'now', '+N seconds')`). Every
 write is one `BEGIN IMMEDIATE` transaction: it holds the file's write lock from its first read,
@@ -58,7 +59,7 @@ from choreography_ray.storage.scheduler import (
     merge_manifest,
     settle_keys,
 )
-from choreography_ray.storage.sqlite import SqliteStorage
+from choreography_ray.storage.sqlite import SqliteStorage, shadow_missing
 
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
@@ -175,7 +176,11 @@ class SqliteSchedulerStorage:
 
     async def _ready(self) -> None:
         if not self._laid_out:
-            await self.storage._write(_lay_out)
+            if self.storage.read_only:
+                # Nothing is created: missing tables read as empty (see `shadow_missing`).
+                await self.storage._run(lambda c: shadow_missing(c, _LAYOUT))
+            else:
+                await self.storage._write(_lay_out)
             self._laid_out = True
 
     async def _transact(self, work: Callable[[sqlite3.Connection], _T]) -> _T:

@@ -1,0 +1,303 @@
+"""`jobs list`, `jobs show ID`, `jobs steps ID`: jobs and steps as stored.
+
+They read the storage directly, opened read-only (it creates nothing), and start no Ray: the
+job record is the truth (a job actor's counters are a cache of it), and a finished job has no
+actor to ask. `memory://` lives inside a cluster's storage actor, so they refuse it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+
+from choreography_ray.cli._common import (
+    JsonOption,
+    NamespaceFilter,
+    ScopeFilter,
+    StorageOption,
+    console,
+    fail,
+    note,
+    open_stored,
+    parse_member,
+    print_json,
+    state_data,
+    state_json,
+)
+from choreography_ray.cli._render import (
+    FAILED_STEPS_SHOWN,
+    failed_steps_table,
+    history_table,
+    jobs_table,
+    outcome,
+    steps_table,
+    summary,
+)
+from choreography_ray.model import JobState, StepState
+from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
+from choreography_ray.storage import Storage
+
+#: The steps `--status failed` (the default of `jobs steps`) means.
+FAILED = FAILED_STEP | {StepStatus.UNREACHABLE}
+#: At most this many jobs or steps unless `--limit` says otherwise.
+DEFAULT_LIMIT = 100
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
+StatusFilter = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--status",
+        metavar="STATUS",
+        show_default=False,
+        help="Only jobs in this status (RUNNING, Running, running, ...); repeatable.",
+    ),
+]
+TypeFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--type",
+        metavar="TYPE",
+        show_default=False,
+        help="Only jobs of this type: its import path (pkg.module:Class) or class name.",
+    ),
+]
+LimitOption = Annotated[int, typer.Option("--limit", min=1, help="At most this many.")]
+JobScopeCheck = Annotated[
+    str | None,
+    typer.Option("--scope", help="The job's scope: another scope's job is not found.",
+                 show_default="any (a job id is unique)"),
+]  # fmt: skip
+JobNamespaceCheck = Annotated[
+    str | None,
+    typer.Option("--namespace", help="The job's namespace: another one's job is not found.",
+                 show_default="any"),
+]  # fmt: skip
+
+
+async def read_job(
+    store: Storage, job_id: str, scope: str | None, namespace: str | None
+) -> JobState | None:
+    """The stored job, or None when there is none in `scope`/`namespace` (when given)."""
+    state = await store.get_job(job_id)
+    if (
+        state is None
+        or scope not in (None, state.scope)
+        or namespace not in (None, state.namespace)
+    ):
+        return None
+    return state
+
+
+def parse_status(text: str) -> JobStatus:
+    """A job status by member name or stored value, in any case: RUNNING, Running, running."""
+    return parse_member(JobStatus, text, "job status")
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """`--since`: a duration back from now (`90s`, `15m`, `2h`, `7d`, `1w`) or an ISO-8601 date
+    or time (`2026-01-31`, `2026-01-31T12:00`; UTC unless it names a zone)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    if match:
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is neither a duration (90s, 15m, 2h, 7d, 1w) nor an ISO-8601 date or "
+            "time (2026-01-31, 2026-01-31T12:00)",
+            param_hint="--since",
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def type_matches(job_type: str, wanted: str) -> bool:
+    """`wanted` is the job's import path or its class name."""
+    return wanted in (job_type, job_type.rpartition(":")[2])
+
+
+async def read_jobs(
+    store: Storage,
+    *,
+    scope: str | None = None,
+    namespace: str | None = None,
+    statuses: Collection[JobStatus] = (),
+    job_type: str | None = None,
+    since: datetime | None = None,
+) -> list[JobState]:
+    """The matching jobs of every jobs manager in the storage's key catalog, newest first."""
+    jobs: list[JobState] = []
+    for key in await store.list_manager_keys():
+        if scope not in (None, key.scope) or namespace not in (None, key.namespace):
+            continue
+        if len(statuses) == 1:
+            (status,) = statuses
+            jobs += await store.list_jobs(key.scope, key.namespace, status)
+        else:
+            jobs += [j for j in await store.list_jobs(key.scope, key.namespace)
+                     if not statuses or j.status in statuses]  # fmt: skip
+    if job_type is not None:
+        jobs = [j for j in jobs if type_matches(j.type, job_type)]
+    if since is not None:
+        jobs = [j for j in jobs if j.created >= since]
+    return sorted(jobs, key=lambda j: j.created, reverse=True)
+
+
+def where(store: Storage, scope: str | None, namespace: str | None) -> str:
+    """The storage (and the scope/namespace asked for) a job was looked for in."""
+    asked = "/".join(filter(None, (scope, namespace)))
+    return f"{store.url}" + (f" ({asked})" if asked else "")
+
+
+def list_jobs(
+    storage: StorageOption = None,
+    scope: ScopeFilter = None,
+    namespace: NamespaceFilter = None,
+    status: StatusFilter = None,
+    job_type: TypeFilter = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WHEN",
+            show_default=False,
+            help="Only jobs created since: a duration back (90s, 15m, 2h, 7d) or an ISO date.",
+        ),
+    ] = None,
+    limit: LimitOption = DEFAULT_LIMIT,
+    as_json: JsonOption = False,
+) -> None:
+    """List the stored jobs, newest first."""
+    statuses = {parse_status(s) for s in status or ()}
+    after = parse_since(since) if since is not None else None
+    store = open_stored(storage, "jobs list")
+
+    async def read() -> list[JobState]:
+        try:
+            return await read_jobs(store, scope=scope, namespace=namespace, statuses=statuses,
+                                   job_type=job_type, since=after)  # fmt: skip
+        finally:
+            await store.close()
+
+    found = asyncio.run(read())
+    shown = found[:limit]
+    if as_json:
+        print_json([state_data(j) for j in shown])
+    elif shown:
+        console.print(jobs_table(shown))
+    else:
+        console.print(f"No jobs in {store.url}", highlight=False, soft_wrap=True)
+    if len(found) > limit:
+        note(f"showing the newest {limit} of {len(found)} jobs; --limit shows more")
+
+
+def show(
+    job_id: JobIdArgument,
+    storage: StorageOption = None,
+    scope: JobScopeCheck = None,
+    namespace: JobNamespaceCheck = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the job state as JSON (as `run` does).")
+    ] = False,
+) -> None:
+    """Show a job: its status, counts per stage, status history, error and first failed steps."""
+    store = open_stored(storage, "jobs show")
+
+    async def read() -> tuple[JobState | None, list[StepState]]:
+        try:
+            state = await read_job(store, job_id, scope, namespace)
+            failed: list[StepState] = []
+            if state is not None and state.progress.has_failures:
+                failed = await store.list_steps(job_id, statuses=FAILED, limit=FAILED_STEPS_SHOWN)
+            return state, failed
+        finally:
+            await store.close()
+
+    state, failed = asyncio.run(read())
+    if state is None:
+        fail(f"no job {job_id} in {where(store, scope, namespace)}")
+    if as_json:
+        typer.echo(state_json(state))
+        return
+    console.print(summary(state))
+    console.print()
+    console.print(outcome(state))
+    console.print()
+    console.print(history_table(state))
+    if failed:
+        failed_total = state.progress.failed_steps + state.progress.unreachable_steps
+        console.print()
+        console.print(failed_steps_table(failed, failed_total))
+        if failed_total > len(failed):
+            console.print(f"All of them: choreography-ray jobs steps {state.id}",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def parse_step_statuses(texts: list[str] | None) -> frozenset[StepStatus] | None:
+    """`--status` of `jobs steps`: `failed` (every failure and unreachable, the default),
+    `all` (None: every stored step), or step statuses by name or stored value."""
+    wanted: set[StepStatus] = set()
+    for text in texts or ["failed"]:
+        key = text.lower()
+        if key == "all":
+            return None
+        if key == "failed":
+            wanted |= FAILED
+        else:
+            wanted.add(parse_member(StepStatus, text, "step status (or failed, all)"))
+    return frozenset(wanted)
+
+
+def steps(
+    job_id: JobIdArgument,
+    storage: StorageOption = None,
+    scope: JobScopeCheck = None,
+    namespace: JobNamespaceCheck = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--status",
+            metavar="STATUS",
+            show_default="failed",
+            help="failed (failed, completed with failure, unreachable), all, or a step status "
+            "(RUNNING, SCHEDULED, ...); repeatable.",
+        ),
+    ] = None,
+    limit: LimitOption = DEFAULT_LIMIT,
+    after: Annotated[
+        str | None,
+        typer.Option(metavar="STEP_ID", show_default=False, help="Only steps after this id."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a job's stored steps (failed ones by default) with their attempts and messages.
+
+    A step that succeeded is not stored any more, so `all` lists the steps without success."""
+    wanted = parse_step_statuses(status)
+    store = open_stored(storage, "jobs steps")
+
+    async def read() -> tuple[JobState | None, list[StepState]]:
+        try:
+            state = await read_job(store, job_id, scope, namespace)
+            if state is None:
+                return None, []
+            return state, await store.list_steps(job_id, statuses=wanted, after=after,
+                                                 limit=limit)  # fmt: skip
+        finally:
+            await store.close()
+
+    state, found = asyncio.run(read())
+    if state is None:
+        fail(f"no job {job_id} in {where(store, scope, namespace)}")
+    if as_json:
+        print_json([s.model_dump(mode="json") for s in found])
+        return
+    which = "stored" if wanted is None else ", ".join(sorted(s.name for s in wanted))
+    console.print(steps_table(found, f"{len(found)} step(s) of job {job_id} ({which})"))
+    if len(found) == limit:
+        console.print(f"More may follow: --after {found[-1].step_id}", highlight=False)
