@@ -62,6 +62,8 @@ class JobsOptions(BaseModel):
     #: How often a job saves its progress while steps report (progress is a cache; the watchdog
     #: recounts from storage).
     progress_save_interval: Duration = timedelta(milliseconds=250)
+    #: Record metrics through `ray.util.metrics` (docs/metrics.md); off records nothing.
+    metrics: bool = True
     #: The scheduler's options: its loops, retry backoff, failure window and dead letters.
     scheduler: SchedulerOptions = SchedulerOptions()
 

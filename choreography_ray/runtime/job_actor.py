@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import warnings
 
 import ray
@@ -18,6 +19,7 @@ from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
+from choreography_ray.runtime.metrics import EXPORT_MARGIN, export_seconds, metrics_for
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,9 @@ class JobActor:
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)
         self.hosts = hosts
-        self.core = JobCore(job_id, storage, hosts, options, on_exit=self._exit_soon)
+        self.core = JobCore(
+            job_id, storage, hosts, options, on_exit=self._exit_soon, metrics=metrics_for(options)
+        )
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
             reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
@@ -45,7 +49,20 @@ class JobActor:
             EXIT_GRACE, lambda: self.core.tasks.spawn("exit", self._exit())
         )
 
+    def _unexported(self) -> float:
+        """Seconds until this process has exported the last counts it recorded (Ray exports a
+        process's metrics once per interval; a kill before that loses them); 0 when it has."""
+        recorded = self.core.tally.recorded_at
+        if recorded is None:
+            return 0.0
+        return max(0.0, recorded + export_seconds() + EXPORT_MARGIN - time.monotonic())
+
     async def _exit(self) -> None:
+        for _ in range(3):  # a count recorded while it waits (a late report) is waited for too
+            wait = self._unexported()
+            if wait <= 0:
+                break
+            await asyncio.sleep(wait)
         async with self.core.turns.turn("exit"):
             if self.core.exit_requested:
                 try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import time
 import uuid
 import warnings
 from typing import Any
@@ -22,7 +23,16 @@ import ray
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from choreography_ray.core.metrics import (
+    GAUGED_STATUSES,
+    Counter,
+    Histogram,
+    Labels,
+    WriteOperation,
+    jobs_gauge,
+)
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
+from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.stages import Stages
 from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
@@ -31,6 +41,7 @@ from choreography_ray.job import Job
 from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
+from choreography_ray.runtime.metrics import metrics_for
 from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import REHYDRATED_JOB, JobStatus
@@ -41,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: The operations `operate` routes to a job actor.
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
+#: Seconds between two settings of the `choreography_jobs` gauge from storage.
+JOBS_GAUGE_SECONDS = 5.0
 
 
 class ManagerCore:
@@ -52,6 +65,9 @@ class ManagerCore:
         self.options_json = options_json
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, ray_namespace)
+        self.metrics = metrics_for(self.options)
+        #: Job types the jobs gauge has reported: each keeps its series, at 0 once emptied.
+        self._gauged_types: set[str] = set()
         self.tasks = Supervisor(manager_name(scope, namespace))
         self._job_args = (storage_url, options_json, ray_namespace)
         self._key_recorded = False
@@ -111,10 +127,17 @@ class ManagerCore:
         ).with_status(JobStatus.PREPARING_JOB)
         self._starting.add(job_id)
         try:
+            began = time.perf_counter()
             try:
                 await self.storage.create_job(state)
             except Exception as error:
                 raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
+            self.metrics.observe(
+                Histogram.STORAGE_WRITE_SECONDS,
+                time.perf_counter() - began,
+                self._labels(job_type),
+                WriteOperation.CREATE_JOB,
+            )
             actor = await self.job_actor(job_id)
             start_error: StartJobError | None = await actor.start.remote()
         finally:
@@ -182,6 +205,26 @@ class ManagerCore:
         """The storage URL and options (JSON) this manager was created with."""
         return {"storage": self.storage_url, "options": self.options_json}
 
+    # -- metrics ------------------------------------------------------------------------------
+
+    def _labels(self, job_type: str) -> Labels:
+        return Labels(self.key.scope, self.key.namespace, job_type)
+
+    def watch_jobs(self) -> None:
+        """Sets the jobs gauge from storage now and every `JOBS_GAUGE_SECONDS` (metrics on)."""
+        if self.metrics.enabled:
+            self.tasks.repeat(
+                "jobs gauge", lambda: asyncio.sleep(JOBS_GAUGE_SECONDS), self.gauge_jobs, STANDARD
+            )
+            self.tasks.spawn("jobs gauge: first", self.gauge_jobs())
+
+    async def gauge_jobs(self) -> None:
+        """One count query; every job type seen keeps a series per status."""
+        counts = await self.storage.count_jobs(self.key.scope, self.key.namespace, GAUGED_STATUSES)
+        for job_type, status, value in jobs_gauge(counts, self._gauged_types):
+            self.metrics.jobs(value, self._labels(job_type), status)
+            self._gauged_types.add(job_type)
+
     # -- rehydration --------------------------------------------------------------------------
 
     async def rehydrate(self) -> builtins.list[str]:
@@ -229,6 +272,7 @@ class ManagerCore:
                         self.drained.append(job_id)
                         actor = await self.job_actor(job_id)
                         await actor.recover.remote()
+                        self.metrics.count(Counter.REHYDRATIONS, 1, self._labels(state.type))
                 except Exception as error:
                     # Left in storage: the next pass, or reconciliation, resumes it.
                     log.warning("rehydrating job %s failed: %s", job_id, error)
@@ -251,6 +295,7 @@ class JobsManagerActor:
         self, scope: str, namespace: str, storage_url: str, options_json: str, ray_namespace: str
     ) -> None:
         self.core = ManagerCore(scope, namespace, storage_url, options_json, ray_namespace)
+        self.core.watch_jobs()
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed

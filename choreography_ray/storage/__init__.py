@@ -106,6 +106,8 @@ def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState
 
 #: Counts of a job's stored steps by (stage, status).
 StatusCounts = dict[tuple[int, StepStatus], int]
+#: Counts of a jobs manager key's jobs by (job type, status).
+JobCounts = dict[tuple[str, JobStatus], int]
 
 
 @runtime_checkable
@@ -134,6 +136,12 @@ class Storage(Protocol):
     ) -> list[JobState]:
         """Every job of the key but STOPPED jobs whose stop is finalized (REMOVING stays),
         filtered in the query, oldest first."""
+
+    async def count_jobs(
+        self, scope: str, namespace: str, statuses: Collection[JobStatus]
+    ) -> JobCounts:
+        """The key's jobs in `statuses` counted by (type, status), in one aggregate query on
+        the (scope, namespace, status) index: jobs in other statuses are not read."""
 
     async def remove_job(self, job_id: str) -> None: ...
 
@@ -254,6 +262,7 @@ def redact_url(url: str) -> str:
 
 __all__ = [
     "CountedKind",
+    "JobCounts",
     "LeaseRenewal",
     "PlannedStep",
     "StatusCounts",

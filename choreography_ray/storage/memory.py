@@ -24,6 +24,7 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
     LeaseRenewal,
     PlannedStep,
     StatusCounts,
@@ -95,6 +96,16 @@ class MemoryStorage:
             if not (j.status == JobStatus.STOPPED and j.stop_finalized)
         ]
         return sorted(jobs, key=lambda j: j.created)
+
+    async def count_jobs(
+        self, scope: str, namespace: str, statuses: Collection[JobStatus]
+    ) -> JobCounts:
+        wanted = set(statuses)
+        counts: JobCounts = {}
+        for j in await self.list_jobs(scope, namespace):
+            if j.status in wanted:
+                counts[j.type, j.status] = counts.get((j.type, j.status), 0) + 1
+        return counts
 
     async def remove_job(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)

@@ -18,7 +18,8 @@ Indexes are created on first use, once per instance. The code keeps to what both
 - `status_changes` holds one JSON string per change: nx's `$push` of a subdocument turns every
   element of the array into a JSON string; its `$push` of a string is exact.
 - `count_by_status` groups on `$concat` of `$toString(stage)`, ":" and status (nx answers a
-  compound `$group` key with the literal paths), so there is no derived field to keep in sync.
+  compound `$group` key with the literal paths), so there is no derived field to keep in sync;
+  `count_jobs` likewise on status, ":" and type (a status has no ":"; a type path has one).
 - A lease renewal is an `UpdateOne` filtered on `_id`, `status` and `attempt` (plain equality,
   which both servers match), so it never undoes an outcome stored meanwhile.
 - No update pipelines (nx rejects them), so no `$$NOW`: `updated` is this process's clock, as in
@@ -79,6 +80,7 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
     LeaseRenewal,
     PlannedStep,
     StatusCounts,
@@ -266,6 +268,26 @@ class MongoStorage:
     ) -> list[JobState]:
         finalized = {"status": JobStatus.STOPPED.value, "stop_finalized": True}
         return await self._find_jobs({"scope": scope, "namespace": namespace, "$nor": [finalized]})
+
+    async def count_jobs(
+        self, scope: str, namespace: str, statuses: Collection[JobStatus]
+    ) -> JobCounts:
+        wanted = [s.value for s in statuses]
+        if not wanted:
+            return {}
+        match = {"scope": scope, "namespace": namespace, "status": {"$in": wanted}}
+        group = {"_id": {"$concat": ["$status", ":", "$type"]}, "n": {"$sum": 1}}
+        pipeline: list[Doc] = [{"$match": match}, {"$group": group}]
+        rows = await self._run(lambda db: list(db.jobs.aggregate(pipeline)))
+        counts: JobCounts = {}
+        try:
+            for row in rows:
+                status, _, job_type = row["_id"].partition(":")
+                counts[(job_type, JobStatus(status))] = int(row["n"])
+        except (ValueError, AttributeError) as exc:
+            reason = f"bad status: {exc}"
+            raise CorruptRecordError("jobs", f"{scope}/{namespace}/*", reason) from exc
+        return counts
 
     async def remove_job(self, job_id: str) -> None:
         await self._run(lambda db: db.jobs.delete_one({"_id": job_id}))

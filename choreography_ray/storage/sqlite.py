@@ -81,6 +81,7 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
     LeaseRenewal,
     PlannedStep,
     StatusCounts,
@@ -159,6 +160,7 @@ _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 _STEP_STATUSES = frozenset(StepStatus)
+_JOB_STATUSES = frozenset(JobStatus)
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END
@@ -211,6 +213,22 @@ class SqliteStorage:
         sql = f"""{_JOB_SELECT} WHERE scope = ? AND namespace = ?
             AND NOT (status = ? AND stop_finalized = 1) ORDER BY created, rowid"""
         return [_job(row) for row in await self._query(sql, scope, namespace, JobStatus.STOPPED)]
+
+    async def count_jobs(
+        self, scope: str, namespace: str, statuses: Collection[JobStatus]
+    ) -> JobCounts:
+        wanted = [s.value for s in statuses]
+        if not wanted:
+            return {}
+        marks = ", ".join("?" * len(wanted))
+        sql = f"""SELECT type, status, COUNT(*) FROM jobs WHERE scope = ? AND namespace = ?
+            AND status IN ({marks}) GROUP BY 1, 2"""
+        counts: JobCounts = {}
+        for job_type, status, count in await self._query(sql, scope, namespace, *wanted):
+            if status not in _JOB_STATUSES:
+                raise CorruptRecordError("jobs", f"{scope}/{namespace}/*", f"status {status!r}")
+            counts[job_type, JobStatus(status)] = count
+        return counts
 
     async def remove_job(self, job_id: str) -> None:
         await self._execute("DELETE FROM jobs WHERE id = ?", job_id)

@@ -139,6 +139,27 @@ async def test_list_jobs__by_key_and_status(storage: Storage) -> None:
     assert await storage.list_jobs("s", "nobody") == []
 
 
+async def test_count_jobs__by_type_and_status_in_the_statuses_asked_for(storage: Storage) -> None:
+    running, stopped, failed = JobStatus.RUNNING, JobStatus.STOPPED, JobStatus.FAILED
+    await storage.create_job(job("a1", type="pkg.mod:A", status=running))
+    await storage.create_job(job("a2", type="pkg.mod:A", status=running))
+    await storage.create_job(job("a3", type="pkg.mod:A", status=stopped, stop_finalized=True))
+    await storage.create_job(job("b1", type="pkg.mod:B", status=running))
+    await storage.create_job(job("b2", type="pkg.mod:B", status=failed))
+    await storage.create_job(job("c1", type="pkg.mod:A", namespace="other", status=running))
+
+    counts = await storage.count_jobs("s", "n", (running, stopped))
+
+    assert counts == {
+        ("pkg.mod:A", running): 2,
+        ("pkg.mod:A", stopped): 1,
+        ("pkg.mod:B", running): 1,
+    }
+    assert await storage.count_jobs("s", "n", (failed,)) == {("pkg.mod:B", failed): 1}
+    assert await storage.count_jobs("s", "n", ()) == {}
+    assert await storage.count_jobs("s", "nobody", (running,)) == {}
+
+
 async def test_jobs_excluding_finalized_stops__leaves_out_only_finalized_stops_oldest_first(
     storage: Storage,
 ) -> None:
