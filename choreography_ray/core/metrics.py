@@ -93,7 +93,6 @@ class WriteOperation(enum.StrEnum):
     SAVE_JOB = "save_job"
     INSERT_PLAN = "insert_plan"
     UPDATE_STEPS = "update_steps"
-    DELETE_STEPS = "delete_steps"
     ADD_COUNTED = "add_counted"
     REMOVE_JOB = "remove_job"
     #: One round of a step host's group commit: its bulk update and its deletes.
@@ -227,9 +226,6 @@ class TimedWrites:
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         await self._timed(WriteOperation.UPDATE_STEPS, self.inner.update_steps(updates))
-
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
-        await self._timed(WriteOperation.DELETE_STEPS, self.inner.delete_steps(job_id, step_ids))
 
     async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
         write = self.inner.add_counted(job_id, kind, step_ids)
