@@ -352,7 +352,7 @@ class StepHostCore:
             if tenant.metrics.enabled:
                 # Once per job type that had a lease in the round, never once per step.
                 seconds = time.perf_counter() - began
-                jobs = {job_id for job_id, _ in tenant.leased}
+                jobs = {renewal.job_id for renewal in renewals}
                 for labels in {self.job_labels.get(job_id, UNKNOWN) for job_id in jobs}:
                     tenant.metrics.observe(
                         Histogram.STORAGE_WRITE_SECONDS,
