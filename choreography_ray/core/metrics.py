@@ -157,9 +157,6 @@ class Tally:
     retried: int = 0
     restarted_by_lease: int = 0
     stopped: int = 0
-    #: When a count last moved (`time.monotonic()`), None before: an activation that exits
-    #: waits for its process to export that recording first.
-    recorded_at: float | None = None
 
     def record(self, metrics: Metrics, labels: Labels) -> None:
         """Records each count that moved, once, and starts again from zero."""
@@ -168,7 +165,6 @@ class Tally:
             if value:
                 setattr(self, name, 0)
                 metrics.count(counter, value, labels)
-                self.recorded_at = time.monotonic()
 
 
 _TALLIED = (

@@ -2,24 +2,32 @@
 
 It builds the core with its storage and the Ray hosts, feeds it the calls it gets, and exits
 once its job is terminal, stopped for good or removed (its record stays, but for a removal).
+
+Its metrics are relayed to its jobs manager (`runtime.metrics.RelayedMetrics`), every
+`RELAY_SECONDS` and once more before it exits: Ray labels every series with the recording
+process's `WorkerId`, and a job actor is a process of one job, so recording here would make
+series per job, kept by the metrics agent after the process is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import warnings
+from typing import Any
 
 import ray
 
 from choreography_ray.core.job import JobCore
+from choreography_ray.core.metrics import NO_METRICS, Metrics
+from choreography_ray.core.retries import STANDARD
 from choreography_ray.errors import StartJobError
 from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
-from choreography_ray.runtime.metrics import EXPORT_MARGIN, export_seconds, metrics_for
+from choreography_ray.runtime.metrics import MetricsBatch, RelayedMetrics
+from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
 log = logging.getLogger(__name__)
@@ -27,6 +35,10 @@ log = logging.getLogger(__name__)
 #: Seconds between an exit being asked for and the actor exiting: the call that finished the job
 #: answers first, and an operation that reopens the job (retry-failed, resume) cancels the exit.
 EXIT_GRACE = 1.0
+#: Seconds between two relays of the job's metrics to its manager.
+RELAY_SECONDS = 1.0
+#: Seconds the last relay may take before the actor exits without it.
+LAST_RELAY_SECONDS = 5.0
 
 
 @ray.remote
@@ -36,9 +48,20 @@ class JobActor:
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)
         self.hosts = hosts
+        self.namespace = namespace
+        self.relay: RelayedMetrics | None = None
+        self._manager: Any = None
+        metrics: Metrics = NO_METRICS
+        if options.metrics:
+            self.relay = RelayedMetrics(self._send_metrics)
+            metrics = self.relay
         self.core = JobCore(
-            job_id, storage, hosts, options, on_exit=self._exit_soon, metrics=metrics_for(options)
+            job_id, storage, hosts, options, on_exit=self._exit_soon, metrics=metrics
         )
+        if self.relay is not None:
+            self.core.tasks.repeat(
+                "metrics relay", lambda: asyncio.sleep(RELAY_SECONDS), self.relay.flush, STANDARD
+            )
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
             reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
@@ -49,20 +72,29 @@ class JobActor:
             EXIT_GRACE, lambda: self.core.tasks.spawn("exit", self._exit())
         )
 
-    def _unexported(self) -> float:
-        """Seconds until this process has exported the last counts it recorded (Ray exports a
-        process's metrics once per interval; a kill before that loses them); 0 when it has."""
-        recorded = self.core.tally.recorded_at
-        if recorded is None:
-            return 0.0
-        return max(0.0, recorded + export_seconds() + EXPORT_MARGIN - time.monotonic())
+    async def _send_metrics(self, batch: MetricsBatch) -> None:
+        """One relay to the job's manager, found by name once (the lookup runs off the loop)."""
+        labels = self.core.labels
+        if labels is None:
+            raise RuntimeError("the job is not loaded: no manager to relay metrics to")
+        if self._manager is None:
+            name = manager_name(labels.scope, labels.namespace)
+            self._manager = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+        try:
+            await self._manager.record_metrics.remote(*batch)
+        except Exception:
+            self._manager = None  # found again on the next relay (the manager may have moved)
+            raise
+
+    async def _last_relay(self) -> None:
+        if self.relay is None:
+            return
+        try:
+            await asyncio.wait_for(self.relay.flush(), LAST_RELAY_SECONDS)
+        except Exception as error:  # metrics never keep a job actor from exiting
+            log.warning("job %s: the last metrics relay failed: %s", self.core.job_id, error)
 
     async def _exit(self) -> None:
-        for _ in range(3):  # a count recorded while it waits (a late report) is waited for too
-            wait = self._unexported()
-            if wait <= 0:
-                break
-            await asyncio.sleep(wait)
         async with self.core.turns.turn("exit"):
             if self.core.exit_requested:
                 try:
@@ -71,6 +103,7 @@ class JobActor:
                     log.exception(
                         "job %s: releasing its dedicated step actors failed", self.core.job_id
                     )
+                await self._last_relay()
                 self.core.close()
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 

@@ -41,7 +41,7 @@ from choreography_ray.job import Job
 from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
-from choreography_ray.runtime.metrics import metrics_for
+from choreography_ray.runtime.metrics import MetricsBatch, metrics_for, replay
 from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import REHYDRATED_JOB, JobStatus
@@ -218,6 +218,10 @@ class ManagerCore:
             )
             self.tasks.spawn("jobs gauge: first", self.gauge_jobs())
 
+    def record_metrics(self, batch: MetricsBatch) -> None:
+        """What a job actor of this key relayed (`runtime.job_actor`), recorded here."""
+        replay(self.metrics, batch)
+
     async def gauge_jobs(self) -> None:
         """One count query; every job type seen keeps a series per status."""
         counts = await self.storage.count_jobs(self.key.scope, self.key.namespace, GAUGED_STATUSES)
@@ -332,6 +336,14 @@ class JobsManagerActor:
 
     async def config(self) -> dict[str, str]:
         return self.core.config()
+
+    async def record_metrics(
+        self,
+        counts: builtins.list[tuple[str, int, Labels]],
+        observations: builtins.list[tuple[str, float, Labels, str]],
+    ) -> None:
+        """A job actor's metrics, recorded in this long-lived process (see `job_actor`)."""
+        self.core.record_metrics((counts, observations))
 
     async def drain_stats(self) -> dict[str, Any]:
         """The rehydration drain as observed: order of dispatch and peak concurrency."""

@@ -11,9 +11,9 @@ job. docs/metrics.md lists the metrics.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import ray
 from ray.util import metrics as ray_metrics
 
 from choreography_ray.core.metrics import (
@@ -118,20 +118,6 @@ class RayMetrics:
 
 _PROCESS_METRICS: RayMetrics | None = None
 
-#: Seconds added to the export interval when waiting for a process's last export.
-EXPORT_MARGIN = 0.5
-
-
-def export_seconds() -> float:
-    """How often this process exports what it recorded to its node's metrics agent: Ray's
-    `metrics_report_interval_ms` (`RAY_metrics_report_interval_ms`, 10 s unless set), never
-    below 1 s. A process killed sooner after a recording loses that recording."""
-    try:
-        interval_ms = float(ray._config.metrics_report_interval_ms())
-    except Exception:  # not a Ray process, or Ray moved its config: Ray's default
-        interval_ms = 10_000.0
-    return max(interval_ms, 1000.0) / 1000.0
-
 
 def metrics_for(options: JobsOptions) -> Metrics:
     """This process's Ray metrics, or the no-op port when `options.metrics` is off."""
@@ -141,3 +127,73 @@ def metrics_for(options: JobsOptions) -> Metrics:
     if _PROCESS_METRICS is None:
         _PROCESS_METRICS = RayMetrics()
     return _PROCESS_METRICS
+
+
+#: What a relay carries: counts summed by (counter, labels), and each observation.
+MetricsBatch = tuple[
+    list[tuple[str, int, Labels]],
+    list[tuple[str, float, Labels, str]],
+]
+#: Observations a relay keeps while its receiver cannot be reached; older ones are dropped.
+RELAY_OBSERVATIONS_KEPT = 10_000
+
+
+class RelayedMetrics:
+    """`Metrics` of a short-lived process: kept in memory and handed on by `flush` to a
+    long-lived one that records them (`replay`). Counts are summed per (counter, labels), so a
+    relay carries one number per counter and job type whatever the steps; a failed relay keeps
+    what it carried for the next one."""
+
+    enabled = True
+
+    def __init__(self, send: Callable[[MetricsBatch], Awaitable[None]]) -> None:
+        self._send = send
+        self._counts: dict[tuple[str, Labels], int] = {}
+        self._observations: list[tuple[str, float, Labels, str]] = []
+        self._failing = False
+
+    def count(self, counter: Counter, value: int, labels: Labels) -> None:
+        if value > 0:
+            key = (counter.value, labels)
+            self._counts[key] = self._counts.get(key, 0) + value
+
+    def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
+        self._observations.append((histogram.value, value, labels, str(tag)))
+        if len(self._observations) > RELAY_OBSERVATIONS_KEPT:
+            del self._observations[: len(self._observations) - RELAY_OBSERVATIONS_KEPT]
+
+    def jobs(self, value: int, labels: Labels, status: JobStatus) -> None:
+        return None  # only a jobs manager sets the gauge, and it records it itself
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._counts or self._observations)
+
+    async def flush(self) -> None:
+        """Hands what was recorded on; a relay that fails is logged (once in a row) and its
+        batch waits for the next."""
+        if not self.pending:
+            return
+        counts, self._counts = self._counts, {}
+        observations, self._observations = self._observations, []
+        batch: MetricsBatch = ([(c, n, labels) for (c, labels), n in counts.items()], observations)
+        try:
+            await self._send(batch)
+        except Exception as error:
+            for key, n in counts.items():
+                self._counts[key] = self._counts.get(key, 0) + n
+            self._observations[:0] = observations[-RELAY_OBSERVATIONS_KEPT:]
+            if not self._failing:
+                log.warning("relaying metrics failed (kept for the next relay): %s", error)
+            self._failing = True
+            return
+        self._failing = False
+
+
+def replay(metrics: Metrics, batch: MetricsBatch) -> None:
+    """Records a relayed batch through `metrics` (the receiver's own port)."""
+    counts, observations = batch
+    for name, value, labels in counts:
+        metrics.count(Counter(name), value, Labels(*labels))
+    for name, observed, labels, tag in observations:
+        metrics.observe(Histogram(name), observed, Labels(*labels), tag)

@@ -4,7 +4,6 @@ a fresh manager key per test (step hosts are shared by every connection, as in p
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,16 +24,9 @@ FAST = {
 }
 
 
-#: Ray's metrics export interval in the tests' cluster, in milliseconds (Ray's default is 10 s):
-#: a finished job actor waits for one export of its last counts before it exits.
-METRICS_REPORT_INTERVAL_MS = "1000"
-
-
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     if not ray.is_initialized():
-        # Read by the raylet and every worker this driver's cluster starts.
-        os.environ.setdefault("RAY_metrics_report_interval_ms", METRICS_REPORT_INTERVAL_MS)
         ray.init(
             address="local",
             num_cpus=2,

@@ -134,7 +134,15 @@ def test_metrics__scraped_counters_equal_the_jobs_progress(tmp_path: Path) -> No
             count = value(samples, "ray_choreography_storage_write_seconds_count",
                           operation=operation)  # fmt: skip
             assert count is not None and count >= 1, operation
-        # No series names a job or a step.
+        # No series names a job or a step, and none comes from the job's own process (Ray
+        # labels each with its WorkerId): a job actor relays its metrics to its manager.
+        workers = {
+            labels.get("WorkerId")
+            for name in expected
+            for labels, _ in samples.get(name, [])
+            if labels.get("scope") == SCOPE
+        }
+        assert len(workers) == 1, f"the counters come from one process, the manager: {workers}"
         for found in ours(samples).values():
             for labels, _ in found:
                 assert state.id not in labels.values()

@@ -153,3 +153,37 @@ def test_metrics_for__off_is_the_no_op_port_and_on_one_port_per_process() -> Non
     on = ray_port.metrics_for(JobsOptions())
     assert on.enabled
     assert ray_port.metrics_for(JobsOptions(step_batch_size=7)) is on
+
+
+def test_relayed_metrics__one_sum_per_counter_and_labels_kept_when_a_relay_fails() -> None:
+    async def scenario() -> None:
+        sent: list[ray_port.MetricsBatch] = []
+        failing = [True]
+
+        async def send(batch: ray_port.MetricsBatch) -> None:
+            if failing[0]:
+                raise ConnectionError("the manager is restarting")
+            sent.append(batch)
+
+        relay = ray_port.RelayedMetrics(send)
+        relay.count(Counter.STEPS_SUCCEEDED, 3, A)
+        relay.count(Counter.STEPS_SUCCEEDED, 2, A)
+        relay.count(Counter.STEPS_SUCCEEDED, 1, B)
+        relay.observe(Histogram.BATCH_SIZE, 7, A, BatchKind.START)
+        await relay.flush()  # fails: kept
+        relay.count(Counter.STEPS_SUCCEEDED, 4, A)
+        failing[0] = False
+        await relay.flush()
+        await relay.flush()  # nothing left: nothing sent
+
+        (batch,) = sent
+        counts, observations = batch
+        assert sorted(counts) == [("choreography_steps_succeeded", 1, B),
+                                  ("choreography_steps_succeeded", 9, A)]  # fmt: skip
+        assert observations == [("choreography_batch_size", 7, A, "start")]
+        received = RecordingMetrics()
+        ray_port.replay(received, batch)
+        assert received.total(Counter.STEPS_SUCCEEDED) == 10
+        assert received.observed(Histogram.BATCH_SIZE, "start") == [7]
+
+    asyncio.run(scenario())
