@@ -13,7 +13,7 @@ and once per round, one detached Ray actor per step on a sample, extrapolated. W
 rounds, odd rounds run in the reverse order, so that neither side always goes first on a
 machine that warms up or gets busier. Peak memory is sampled throughout (`benchmarks/rss.py`).
 The extra scenarios (a resume after the job actor is killed halfway, the latency of a 1-step
-job) run after the rounds.
+job, the same job with metrics on and off) run after the rounds.
 
 Usable without the CLI:
 
@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ import ray
 
 import choreography_ray as cr
 from benchmarks import systems
-from benchmarks.results import BareTasksRun, BenchReport, DurableRun, Memory
+from benchmarks.results import BareTasksRun, BenchReport, DurableRun, Memory, MetricsRun
 from benchmarks.rss import Peak, RssSampler, total_memory
 from benchmarks.systems import STALL_SECONDS
 from benchmarks.workloads import BenchRequest
@@ -81,16 +81,19 @@ class BenchConfig:
     resume_halfway: bool = False
     #: 1-step jobs timed for the latency scenario (0 = skip).
     latency_runs: int = 0
+    #: Also run each job with metrics on and off (`JobsOptions.metrics`), `repeat` rounds.
+    metrics_overhead: bool = False
     #: Seconds any one job may take before the run fails.
     timeout: float = 6 * 3600
     #: Seconds without a change of a job's status or progress after which it is reported as
     #: stalled and the run goes on.
     stall_seconds: float = STALL_SECONDS
 
-    def options(self) -> cr.JobsOptions:
+    def options(self, metrics: bool = True) -> cr.JobsOptions:
         return cr.JobsOptions(
             step_lease_timeout=LEASE_SECONDS if self.leases else 0,
             max_active_steps_per_job=self.window,
+            metrics=metrics,
         )
 
     def request(self, steps: int) -> BenchRequest:
@@ -181,6 +184,8 @@ class _Session:
     connections: dict[str, systems.Connection]
     report: BenchReport
     log: Log
+    #: The same storages' connections with metrics off (`--metrics-overhead`), by URL.
+    metrics_off: dict[str, systems.Connection] = field(default_factory=dict)
 
     def durable(self, repeat: int, steps: int, url: str) -> None:
         self.log(f"durable job: {steps:,} steps on {redact_url(url)}")
@@ -248,6 +253,33 @@ class _Session:
                     _with_memory(run, peak)
                     self.report.resume_halfway.append(run)
 
+    def metrics_overheads(self) -> None:
+        """Each job with metrics on, then off (odd rounds: off first), on each storage."""
+        for repeat in range(self.config.repeat):
+            for steps in self.config.steps:
+                for url, on in self.connections.items():
+                    off = self.metrics_off[url]
+                    self.log(f"metrics on and off: {steps:,} steps on {redact_url(url)}")
+                    request = self.config.request(steps)
+                    runs = [("on", on), ("off", off)]
+                    if repeat % 2:
+                        runs.reverse()
+                    timed = {
+                        name: connection.run_job(request, self.config.timeout)
+                        for name, connection in runs
+                    }
+                    self.report.metrics_overhead.append(
+                        MetricsRun(
+                            repeat=repeat,
+                            steps=steps,
+                            storage=redact_url(url),
+                            seconds_on=timed["on"][0],
+                            seconds_off=timed["off"][0],
+                            status_on=timed["on"][1],
+                            status_off=timed["off"][1],
+                        )
+                    )
+
     def latencies(self) -> None:
         runs = self.config.latency_runs
         for url, connection in self.connections.items():
@@ -257,7 +289,7 @@ class _Session:
     def warm_up(self) -> None:
         self.log("warming up (untimed): Ray workers, step hosts, storage connections")
         systems.bare_tasks(min(1_000, max(self.config.steps)))
-        for connection in self.connections.values():
+        for connection in [*self.connections.values(), *self.metrics_off.values()]:
             connection.run_job(self.config.request(WARMUP_STEPS), self.config.timeout)
         if self.config.compare and self.config.actor_sample > 0:
             systems.actor_per_step(min(16, self.config.actor_sample), 16, RAY_NAMESPACE)
@@ -303,6 +335,14 @@ def run(config: BenchConfig, log: Log = print) -> BenchReport:
             connections = {connection.storage: connection for connection in opened}
             report.config["storages"] = [redact_url(url) for url in connections]
             session = _Session(config, sampler, connections, report, log)
+            if config.metrics_overhead:
+                off = config.options(metrics=False)
+                session.metrics_off = {
+                    url: systems.Connection.open(
+                        url, off, RAY_NAMESPACE, f"storage-{i}-metrics-off", stall
+                    )
+                    for i, url in enumerate(connections)
+                }
             session.warm_up()
             if config.compare:
                 for repeat in range(config.repeat):
@@ -314,6 +354,8 @@ def run(config: BenchConfig, log: Log = print) -> BenchReport:
                 session.resumes()
             if config.latency_runs > 0:
                 session.latencies()
+            if config.metrics_overhead:
+                session.metrics_overheads()
     finally:
         sampler.stop()
         shutil.rmtree(scratch, ignore_errors=True)

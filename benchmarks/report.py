@@ -134,6 +134,25 @@ def latency_table(report: BenchReport) -> Table:
     return table
 
 
+def metrics_table(report: BenchReport) -> Table:
+    """Each round's job with metrics on and off, and every round's total on over total off."""
+    table = Table(title="the durable job with metrics on and off, in one run")
+    for name in ("steps", "storage", "round", "on s", "off s", "on / off"):
+        table.add_column(name, justify="left" if name == "storage" else "right")
+    groups = sorted({(r.steps, r.storage) for r in report.metrics_overhead})
+    for steps, storage in groups:
+        for r in report.metrics_overhead:
+            if (r.steps, r.storage) == (steps, storage):
+                table.add_row(
+                    f"{steps:,}", label(storage), str(r.repeat + 1), _seconds(r.seconds_on),
+                    _seconds(r.seconds_off), _ratio(r.ratio_on_vs_off),
+                )  # fmt: skip
+        total = report.metrics_ratio(steps, storage)
+        table.add_row(f"{steps:,}", label(storage), "all", "", "", _ratio(total))
+        table.add_section()
+    return table
+
+
 def print_report(report: BenchReport, console: Console) -> None:
     if report.durable or report.bare_tasks:
         console.print(comparison_table(report))
@@ -141,6 +160,8 @@ def print_report(report: BenchReport, console: Console) -> None:
         console.print(resume_table(report))
     if report.latency:
         console.print(latency_table(report))
+    if report.metrics_overhead:
+        console.print(metrics_table(report))
     storages = report.config.get("storages", [])
     console.print("storage: " + ", ".join(storages), highlight=False, markup=False, soft_wrap=True)
     machine = report.machine

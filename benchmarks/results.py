@@ -2,7 +2,8 @@
 
 Times are seconds of wall clock, memory is bytes; `steps_per_second` is derived. The JSON the
 `bench` command writes is `BenchReport.to_json()`: these records as dictionaries, under the keys
-`durable`, `bare_tasks`, `actors`, `storage_ceiling`, `resume_halfway` and `latency`.
+`durable`, `bare_tasks`, `actors`, `storage_ceiling`, `resume_halfway`, `latency`,
+`metrics_overhead` and `metrics_overhead_summary`.
 """
 
 from __future__ import annotations
@@ -128,6 +129,24 @@ class ResumeRun(Memory):
 
 
 @dataclass(kw_only=True)
+class MetricsRun:
+    """The same durable job with metrics on and with metrics off (`JobsOptions.metrics`), one
+    after the other in the same round (odd rounds run the off job first)."""
+
+    repeat: int
+    steps: int
+    storage: str
+    seconds_on: float
+    seconds_off: float
+    status_on: str
+    status_off: str
+
+    @property
+    def ratio_on_vs_off(self) -> float | None:
+        return self.seconds_on / self.seconds_off if self.seconds_off > 0 else None
+
+
+@dataclass(kw_only=True)
 class LatencyResult:
     """Start-to-completed latency of a 1-step job, warm: `runs` jobs observed by polling the
     job's record every 10 ms, and as many through `JobsManager.wait`."""
@@ -153,6 +172,13 @@ class BenchReport:
     storage_ceiling: list[CeilingRun] = field(default_factory=list)
     resume_halfway: list[ResumeRun] = field(default_factory=list)
     latency: list[LatencyResult] = field(default_factory=list)
+    metrics_overhead: list[MetricsRun] = field(default_factory=list)
+
+    def metrics_ratio(self, steps: int, storage: str) -> float | None:
+        """Every round's seconds with metrics on over those with metrics off, summed."""
+        runs = [r for r in self.metrics_overhead if (r.steps, r.storage) == (steps, storage)]
+        off = sum(r.seconds_off for r in runs)
+        return sum(r.seconds_on for r in runs) / off if off > 0 else None
 
     def to_json(self) -> dict[str, Any]:
         def records(items: list[Any], *derived: str) -> list[dict[str, Any]]:
@@ -173,4 +199,21 @@ class BenchReport:
             "storage_ceiling": records(self.storage_ceiling, "seconds", "steps_per_second"),
             "resume_halfway": records(self.resume_halfway),
             "latency": records(self.latency),
+            "metrics_overhead": records(self.metrics_overhead, "ratio_on_vs_off"),
+            "metrics_overhead_summary": self.metrics_summary(),
         }
+
+    def metrics_summary(self) -> list[dict[str, Any]]:
+        """Per (steps, storage): the rounds and every round's total on over total off."""
+        groups: dict[tuple[int, str], int] = {}
+        for r in self.metrics_overhead:
+            groups[r.steps, r.storage] = groups.get((r.steps, r.storage), 0) + 1
+        return [
+            {
+                "steps": steps,
+                "storage": storage,
+                "rounds": rounds,
+                "ratio_on_vs_off": self.metrics_ratio(steps, storage),
+            }
+            for (steps, storage), rounds in sorted(groups.items())
+        ]

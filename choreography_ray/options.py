@@ -75,6 +75,8 @@ class JobsOptions(BaseModel):
     dead_job_threshold: Duration | None = timedelta(hours=1)
     #: Removals one cleanup pass runs at once; None = no bound.
     max_concurrent_cleanup: int | None = Field(default=4, ge=1)
+    #: Record metrics through `ray.util.metrics` (docs/metrics.md); off records nothing.
+    metrics: bool = True
     #: The scheduler's options: its loops, retry backoff, failure window and dead letters.
     scheduler: SchedulerOptions = SchedulerOptions()
 

@@ -91,6 +91,13 @@ def bench(
         int,
         typer.Option("--latency", min=0, metavar="N", help="Also time N 1-step jobs (p50, warm)."),
     ] = 0,
+    metrics_overhead: Annotated[
+        bool,
+        typer.Option(
+            "--metrics-overhead",
+            help="Also run each job with metrics on and off (JobsOptions.metrics), per round.",
+        ),
+    ] = False,
     json_file: Annotated[
         Path | None,
         typer.Option("--json", metavar="FILE", help="Write every measurement to FILE as JSON."),
@@ -142,6 +149,7 @@ def bench(
         actor_sample=actor_sample,
         resume_halfway=resume_halfway,
         latency_runs=latency,
+        metrics_overhead=metrics_overhead,
     )
 
     def log(message: str) -> None:

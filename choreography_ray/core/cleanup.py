@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
@@ -39,13 +38,14 @@ from typing import Any
 from choreography_ray.core.backoff import Backoff
 from choreography_ray.core.stopping import remove_records
 from choreography_ray.job import Job
+from choreography_ray.logs import get_logger
 from choreography_ray.model import JobsManagerKey, JobState, utcnow
 from choreography_ray.options import JobsOptions
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import Storage, as_utc
 from choreography_ray.types import import_type
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The statuses retention removes.
 TERMINAL = (JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES, JobStatus.FAILED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
+from choreography_ray.core.metrics import Labels
 from choreography_ray.runtime.messages import StepStart
 
 
@@ -13,8 +14,11 @@ class Hosts(Protocol):
     def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
         """The host that will run this step: the next shared host, or the step's own actor."""
 
-    async def start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
-        """Hands a batch to a host; returns once the host has stored it RUNNING."""
+    async def start(
+        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
+    ) -> None:
+        """Hands a batch to a host; returns once the host has stored it RUNNING. `labels` are
+        the job's metric tags, for what the host records of it."""
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         """Tells every running step of the job on these hosts to stop."""

@@ -26,6 +26,15 @@ from choreography_ray.core import leases, resuming, stopping
 from choreography_ray.core.cleanup import keeps_records
 from choreography_ray.core.counting import Counting
 from choreography_ray.core.hosts import Hosts
+from choreography_ray.core.metrics import (
+    NO_METRICS,
+    BatchKind,
+    Histogram,
+    Labels,
+    Metrics,
+    Tally,
+    TimedWrites,
+)
 from choreography_ray.core.resuming import Recover, Resume
 from choreography_ray.core.retries import STANDARD, RetrySchedule, decide
 from choreography_ray.core.stages import (
@@ -79,13 +88,19 @@ class JobCore:
         hosts: Hosts,
         options: JobsOptions,
         on_exit: Callable[[], None] = lambda: None,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.job_id = job_id
         self.storage = storage
         self.hosts = hosts
         self.options = options
         self.on_exit = on_exit
-        self.turns = Turns()
+        self.metrics = metrics
+        #: The job's metric tags, once its record is loaded.
+        self.labels: Labels | None = None
+        #: Counted since the last turn ended: recorded once per turn, never once per step.
+        self.tally = Tally()
+        self.turns = Turns(after=self._record_metrics)
         self.tasks = Supervisor(f"job {job_id}")
         self.state: JobState | None = None
         self.job: Job[Any] | None = None
@@ -193,6 +208,9 @@ class JobCore:
             if not self.state.status.is_terminal and self.state.status is not JobStatus.REMOVING:
                 await self._save((JobStatus.FAILED, (message,)), error=message)
             raise ChoreographyError(message) from error
+        self.labels = Labels(self.state.scope, self.state.namespace, self.state.type)
+        if self.metrics.enabled:
+            self.storage = TimedWrites(self.storage, self.metrics, self.labels)
         job.job_id, job.scope, job.namespace, job.options = (
             self.job_id,
             self.state.scope,
@@ -213,6 +231,10 @@ class JobCore:
     def _request_exit(self) -> None:
         self.exit_requested = True
         self.on_exit()
+
+    def _record_metrics(self) -> None:
+        if self.labels is not None:
+            self.tally.record(self.metrics, self.labels)
 
     def close(self) -> None:
         self.tasks.cancel_all()
@@ -590,12 +612,14 @@ class JobCore:
         """The start operation as a command: its answer comes back as a turn."""
         self.window.started(batch, host)
         self._lost_owner.difference_update(start.step_id for start in batch)  # a new owner
+        labels = self._labels
+        self.metrics.observe(Histogram.BATCH_SIZE, len(batch), labels, BatchKind.START)
         answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
         async def send() -> None:
             error: Exception | None = None
             try:
-                await self.hosts.start(host, self.job_id, batch)
+                await self.hosts.start(host, self.job_id, batch, labels)
             except Exception as failure:
                 error = failure
             try:
@@ -625,6 +649,7 @@ class JobCore:
             return
         if not self.window.start_failed:
             self._timers.clear("starts")
+        self.tally.started += len(batch)
         self._watch(host)
         if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
             # The stop reached this host before these steps did: tell them again.
@@ -729,6 +754,9 @@ class JobCore:
     async def report_outcomes(self, outcomes: list[Outcome]) -> None:
         await self.ready()
         async with self.turns.turn("report"):
+            self.metrics.observe(
+                Histogram.BATCH_SIZE, len(outcomes), self._labels, BatchKind.OUTCOMES
+            )
             for outcome in outcomes:
                 self.accept(outcome)
             finished = self.live or bool(self.window.active)
@@ -765,6 +793,7 @@ class JobCore:
         if outcome.status is StepStatus.STOPPED:
             if self.counting.count_stop(step_id):
                 counter.stopped += 1
+                self.tally.stopped += 1
             if self.live:
                 # Stopped though the job runs (a stop of an earlier execution reached it after
                 # a resume): it counts as stopped until it runs again, now, as its next
@@ -778,10 +807,13 @@ class JobCore:
             if decision.retry and self.live:
                 self.retries.schedule(start, decision.delay)
                 self._timers.arm("retries", self.retries.next_due_in() or 0.0)
+                self.tally.retried += 1
                 return True
             counter.failed += 1
+            self.tally.failed += 1
         else:
             counter.successful += 1
+            self.tally.succeeded += 1
         if self.counting.take_back_stop(step_id):
             # The stop of an earlier execution is taken back; the outcome counts instead.
             counter.stopped -= 1
@@ -825,7 +857,9 @@ class JobCore:
         if self.state is not None and self.stages.counters.get(self.state.stage):
             # Steps a resume read and the resume hook has not started yet never started.
             self.window.pending.extend(self._plan.pop(self.state.stage, []))
-        stopping.halt(self.window, self.retries, self.stages, self.counting)
+        failed, stopped = stopping.halt(self.window, self.retries, self.stages, self.counting)
+        self.tally.failed += failed
+        self.tally.stopped += stopped
         self._dirty = True
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
         await self._finish_stop_when_reported()
@@ -842,7 +876,8 @@ class JobCore:
         self.stages.recount(await self.storage.count_by_status(self.job_id))
         await self._forget_stored_outcomes(stage)
         for start in not_running:
-            self.counting.count_stop(start.step_id)
+            if self.counting.count_stop(start.step_id):
+                self.tally.stopped += 1
         if stage in self.stages.counters:
             # Running steps whose stop an earlier execution counted stay counted: their stop
             # report is then a duplicate.
@@ -1075,6 +1110,7 @@ class JobCore:
                 self._lost_owner,
             )
             self._lost_owner.difference_update(start.step_id for start in stale)
+            self.tally.restarted_by_lease += len(stale)
             self.window.requeue(stale)
         if self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)
@@ -1129,6 +1165,11 @@ class JobCore:
     def _job(self) -> Job[Any]:
         assert self.job is not None
         return self.job
+
+    @property
+    def _labels(self) -> Labels:
+        assert self.labels is not None
+        return self.labels
 
     async def _set_status(
         self,

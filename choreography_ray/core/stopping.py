@@ -8,6 +8,8 @@ failed finish also answers the step's report with an error, so its next report r
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from choreography_ray.core.counting import Counting
 from choreography_ray.core.retries import RetrySchedule
 from choreography_ray.core.stages import Stages
@@ -25,19 +27,31 @@ def refuse_stop(state: JobState) -> None:
         )
 
 
-def halt(window: Window, retries: RetrySchedule, stages: Stages, counting: Counting) -> None:
+class Halted(NamedTuple):
+    """What `halt` counted."""
+
+    failed: int
+    stopped: int
+
+
+def halt(window: Window, retries: RetrySchedule, stages: Stages, counting: Counting) -> Halted:
     """Counts pending attempts (waiting for their delay, or due and waiting to start) as
     failed and never-started steps as stopped."""
     retrying = set(window.retrying)
+    failed = stopped = 0
     for start in retries.drain():
         stages[start.stage].failed += 1
         counting.count_outcome(start.step_id)
+        failed += 1
     for start in window.never_started():
         if start.step_id in retrying:
             stages[start.stage].failed += 1
             counting.count_outcome(start.step_id)
+            failed += 1
         elif counting.count_stop(start.step_id):
             stages[start.stage].stopped += 1
+            stopped += 1
+    return Halted(failed, stopped)
 
 
 def stop_owed(state: JobState) -> bool:

@@ -24,10 +24,12 @@ log = get_logger(__name__)
 
 
 class Turns:
-    def __init__(self) -> None:
+    def __init__(self, after: Callable[[], None] | None = None) -> None:
         self._lock = asyncio.Lock()
         #: The name of the turn running now (None between turns): what a log line can name.
         self.current: str | None = None
+        #: Called as each turn ends, still inside it (the activation records its metrics).
+        self._after = after
 
     @asynccontextmanager
     async def turn(self, name: str) -> AsyncIterator[None]:
@@ -37,6 +39,8 @@ class Turns:
                 yield
             finally:
                 self.current = None
+                if self._after is not None:
+                    self._after()
 
 
 class Supervisor:

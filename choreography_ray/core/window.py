@@ -30,7 +30,8 @@ class Window:
     start_failed: list[StepStart] = field(default_factory=list)
     #: Steps in start operations not yet answered.
     starting: set[str] = field(default_factory=set)
-    #: Pending steps that are a retry's next attempt (a stop counts them as failed).
+    #: Steps whose next attempt is a retry not yet taken by a host: pending, in an unanswered
+    #: start operation, or whose start threw (a stop counts those that never ran as failed).
     retrying: set[str] = field(default_factory=set)
 
     def configure(self, configured: int | None) -> None:
@@ -57,13 +58,14 @@ class Window:
         for start in batch:
             self.active[start.step_id] = (start, host)
             self.starting.add(start.step_id)
-            self.retrying.discard(start.step_id)
 
     def answered(self, batch: list[StepStart], ok: bool) -> list[StepStart]:
         """A start operation came back; when it threw, its steps still active at the same
         attempt wait to start again. Returns those."""
         self.starting.difference_update(s.step_id for s in batch)
         if ok:
+            # A host took the retry: from now on the attempt reports its own outcome.
+            self.retrying.difference_update(s.step_id for s in batch)
             return []
         failed = [s for s in batch if self.active.get(s.step_id, (None,))[0] == s]
         for start in failed:

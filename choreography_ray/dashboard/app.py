@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
@@ -22,9 +21,10 @@ from choreography_ray.dashboard.actions import Actions
 from choreography_ray.dashboard.security import SECURITY_HEADERS, Guard, Refused
 from choreography_ray.dashboard.site import Site, site_of
 from choreography_ray.errors import StorageError
+from choreography_ray.logs import get_logger
 from choreography_ray.storage import Storage
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The page names of HTTP errors the router raises.
 _TITLES = {404: "No such page", 405: "Not allowed here"}

@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from choreography_ray.core.metrics import NO_METRICS, UNKNOWN, Counter, Labels, Metrics
 from choreography_ray.core.retries import Backoff
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.options import JobsOptions
@@ -35,17 +36,25 @@ class Delivery:
         options: JobsOptions,
         namespace: str,
         job_exists: Callable[[str], Awaitable[bool]],
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._options = options
+        self._metrics = metrics
         self._namespace = namespace
         self._job_exists = job_exists
         self._handles: dict[str, Any] = {}
         self.drop: DropFilter | None = None
 
     async def deliver(
-        self, job_id: str, outcomes: Sequence[Outcome], *, unlimited: bool = False
+        self,
+        job_id: str,
+        outcomes: Sequence[Outcome],
+        *,
+        unlimited: bool = False,
+        labels: Labels = UNKNOWN,
     ) -> bool:
-        """Delivers until acknowledged; False when it gave up (or the job is gone)."""
+        """Delivers until acknowledged; False when it gave up (or the job is gone). Each retry
+        counts the batch's outcomes in `choreography_outcome_deliveries_retried`."""
         backoff = Backoff.of(
             self._options.step_delivery_retry_delay, self._options.max_step_delivery_retry_delay
         )
@@ -73,6 +82,7 @@ class Delivery:
                     )
                     return False
             await asyncio.sleep(backoff.delay(attempt))
+            self._metrics.count(Counter.OUTCOME_DELIVERIES_RETRIED, len(outcomes), labels)
 
     def _handle(self, job_id: str) -> Any:
         handle = self._handles.pop(job_id, None)

@@ -8,29 +8,50 @@ so a step reports only what storage already holds. A round that fails fails ever
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
+from choreography_ray.core.metrics import (
+    NO_METRICS,
+    UNKNOWN,
+    BatchKind,
+    Histogram,
+    Labels,
+    Metrics,
+    WriteOperation,
+)
 from choreography_ray.storage import StepUpdate, Storage
 
 
 class GroupCommit:
-    def __init__(self, storage: Storage, delay_seconds: float) -> None:
+    def __init__(self, storage: Storage, delay_seconds: float, metrics: Metrics = NO_METRICS):
         self._storage = storage
         self._delay = delay_seconds
+        self._metrics = metrics
         self._updates: list[StepUpdate] = []
         self._deletes: defaultdict[str, list[str]] = defaultdict(list)
+        #: The round's records by the metric labels of the writers that brought them.
+        self._sizes: Counter[Labels] = Counter()
         self._round: asyncio.Future[None] | None = None
         #: Flushes in flight: the loop keeps only weak references to tasks.
         self._flushes: set[asyncio.Task[None]] = set()
 
     async def write(
-        self, updates: Sequence[StepUpdate] = (), deletes: Iterable[tuple[str, str]] = ()
+        self,
+        updates: Sequence[StepUpdate] = (),
+        deletes: Iterable[tuple[str, str]] = (),
+        labels: Labels = UNKNOWN,
     ) -> None:
-        """Joins the current round with these updates and (job_id, step_id) deletes."""
+        """Joins the current round with these updates and (job_id, step_id) deletes; `labels`
+        tag the round's metrics (a round observes once per labels among its writers)."""
         self._updates.extend(updates)
+        records = len(updates)
         for job_id, step_id in deletes:
             self._deletes[job_id].append(step_id)
+            records += 1
+        if self._metrics.enabled:
+            self._sizes[labels] += records
         if self._round is None:
             loop = asyncio.get_running_loop()
             self._round = loop.create_future()
@@ -43,14 +64,17 @@ class GroupCommit:
         task.add_done_callback(self._flushes.discard)
 
     async def _flush(self) -> None:
-        round_, updates, deletes = self._round, self._updates, self._deletes
+        round_, updates, deletes, sizes = self._round, self._updates, self._deletes, self._sizes
         self._round, self._updates, self._deletes = None, [], defaultdict(list)
+        self._sizes = Counter()
         assert round_ is not None
         try:
+            began = time.perf_counter()
             if updates:
                 await self._storage.update_steps(updates)
             for job_id, step_ids in deletes.items():
                 await self._storage.delete_steps(job_id, step_ids)
+            self._observe(sizes, time.perf_counter() - began)
         except Exception as error:
             round_.set_exception(error)
         except BaseException:
@@ -58,3 +82,10 @@ class GroupCommit:
             raise
         else:
             round_.set_result(None)
+
+    def _observe(self, sizes: Counter[Labels], seconds: float) -> None:
+        for labels, records in sizes.items():
+            self._metrics.observe(
+                Histogram.STORAGE_WRITE_SECONDS, seconds, labels, WriteOperation.GROUP_COMMIT
+            )
+            self._metrics.observe(Histogram.BATCH_SIZE, records, labels, BatchKind.GROUP_COMMIT)

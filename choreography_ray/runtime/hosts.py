@@ -12,6 +12,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from choreography_ray.core.metrics import Labels
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.membership import alive_cpu_nodes, alive_nodes
@@ -70,8 +71,11 @@ class RayHosts:
         self._turn += 1
         return name
 
-    async def start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
-        await self.handles[host].start_steps.remote(job_id, self.context, starts_to_wire(batch))
+    async def start(
+        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
+    ) -> None:
+        wire = starts_to_wire(batch)
+        await self.handles[host].start_steps.remote(job_id, self.context, wire, tuple(labels))
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         handles = [self.handles[h] for h in hosts if h in self.handles]

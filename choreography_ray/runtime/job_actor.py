@@ -2,22 +2,32 @@
 
 It builds the core with its storage and the Ray hosts, feeds it the calls it gets, and exits
 once its job is terminal, stopped for good or removed (its record stays, but for a removal).
+
+Its metrics are relayed to its jobs manager (`runtime.metrics.RelayedMetrics`), every
+`RELAY_SECONDS` and once more before it exits: Ray labels every series with the recording
+process's `WorkerId`, and a job actor is a process of one job, so recording here would make
+series per job, kept by the metrics agent after the process is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import warnings
+from typing import Any
 
 import ray
 
 from choreography_ray.core.job import JobCore
+from choreography_ray.core.metrics import NO_METRICS, Metrics
+from choreography_ray.core.retries import STANDARD
 from choreography_ray.errors import StartJobError
 from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
+from choreography_ray.runtime.metrics import MetricsBatch, RelayedMetrics
+from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
 log = get_logger(__name__)
@@ -25,6 +35,10 @@ log = get_logger(__name__)
 #: Seconds between an exit being asked for and the actor exiting: the call that finished the job
 #: answers first, and an operation that reopens the job (retry-failed, resume) cancels the exit.
 EXIT_GRACE = 1.0
+#: Seconds between two relays of the job's metrics to its manager.
+RELAY_SECONDS = 1.0
+#: Seconds the last relay may take before the actor exits without it.
+LAST_RELAY_SECONDS = 5.0
 
 
 @ray.remote
@@ -35,7 +49,20 @@ class JobActor:
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)
         self.hosts = hosts
-        self.core = JobCore(job_id, storage, hosts, options, on_exit=self._exit_soon)
+        self.namespace = namespace
+        self.relay: RelayedMetrics | None = None
+        self._manager: Any = None
+        metrics: Metrics = NO_METRICS
+        if options.metrics:
+            self.relay = RelayedMetrics(self._send_metrics)
+            metrics = self.relay
+        self.core = JobCore(
+            job_id, storage, hosts, options, on_exit=self._exit_soon, metrics=metrics
+        )
+        if self.relay is not None:
+            self.core.tasks.repeat(
+                "metrics relay", lambda: asyncio.sleep(RELAY_SECONDS), self.relay.flush, STANDARD
+            )
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
             reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
@@ -46,6 +73,28 @@ class JobActor:
             EXIT_GRACE, lambda: self.core.tasks.spawn("exit", self._exit())
         )
 
+    async def _send_metrics(self, batch: MetricsBatch) -> None:
+        """One relay to the job's manager, found by name once (the lookup runs off the loop)."""
+        labels = self.core.labels
+        if labels is None:
+            raise RuntimeError("the job is not loaded: no manager to relay metrics to")
+        if self._manager is None:
+            name = manager_name(labels.scope, labels.namespace)
+            self._manager = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+        try:
+            await self._manager.record_metrics.remote(*batch)
+        except Exception:
+            self._manager = None  # found again on the next relay (the manager may have moved)
+            raise
+
+    async def _last_relay(self) -> None:
+        if self.relay is None:
+            return
+        try:
+            await asyncio.wait_for(self.relay.flush(), LAST_RELAY_SECONDS)
+        except Exception as error:  # metrics never keep a job actor from exiting
+            log.warning("job %s: the last metrics relay failed: %s", self.core.job_id, error)
+
     async def _exit(self) -> None:
         async with self.core.turns.turn("exit"):
             if self.core.exit_requested:
@@ -55,6 +104,7 @@ class JobActor:
                     log.exception(
                         "job %s: releasing its dedicated step actors failed", self.core.job_id
                     )
+                await self._last_relay()
                 self.core.close()
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import time
 import uuid
 import warnings
 from typing import Any
@@ -26,6 +27,14 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from choreography_ray.core.cleanup import Claims, Cleanup, CleanupPolicy, drops_records
+from choreography_ray.core.metrics import (
+    GAUGED_STATUSES,
+    Counter,
+    Histogram,
+    Labels,
+    WriteOperation,
+    jobs_gauge,
+)
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.stages import Stages
@@ -38,16 +47,19 @@ from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepSt
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.membership import actor_exists
+from choreography_ray.runtime.metrics import MetricsBatch, metrics_for, replay
 from choreography_ray.runtime.names import job_name, manager_name
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import REHYDRATED_JOB, JobStatus
-from choreography_ray.storage import CountedKind, step_pages
+from choreography_ray.storage import CountedKind, JobFilter, step_pages
 from choreography_ray.types import import_type
 
 log = get_logger(__name__)
 
 #: The operations `operate` routes to a job actor.
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
+#: Seconds between two settings of the `choreography_jobs` gauge from storage.
+JOBS_GAUGE_SECONDS = 5.0
 
 
 class ManagerCore:
@@ -59,6 +71,9 @@ class ManagerCore:
         self.options_json = options_json
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, ray_namespace)
+        self.metrics = metrics_for(self.options)
+        #: Job types the jobs gauge has reported: each keeps its series, at 0 once emptied.
+        self._gauged_types: set[str] = set()
         self.tasks = Supervisor(manager_name(scope, namespace))
         self._job_args = (storage_url, options_json, ray_namespace)
         self._key_recorded = False
@@ -137,10 +152,17 @@ class ManagerCore:
         self._starting.add(job_id)
         try:
             async with self.claims.using(job_id):
+                began = time.perf_counter()
                 try:
                     await self.storage.create_job(state)
                 except Exception as error:
                     raise JobOperationError(StartJobError.COULD_NOT_PERSIST, str(error)) from error
+                self.metrics.observe(
+                    Histogram.STORAGE_WRITE_SECONDS,
+                    time.perf_counter() - began,
+                    self._labels(job_type),
+                    WriteOperation.CREATE_JOB,
+                )
                 actor = await self.job_actor(job_id)
                 start_error: StartJobError | None = await actor.start.remote()
         finally:
@@ -234,6 +256,31 @@ class ManagerCore:
             "failures": dict(self.tasks.failures),
         }
 
+    # -- metrics ------------------------------------------------------------------------------
+
+    def _labels(self, job_type: str) -> Labels:
+        return Labels(self.key.scope, self.key.namespace, job_type)
+
+    def watch_jobs(self) -> None:
+        """Sets the jobs gauge from storage now and every `JOBS_GAUGE_SECONDS` (metrics on)."""
+        if self.metrics.enabled:
+            self.tasks.repeat(
+                "jobs gauge", lambda: asyncio.sleep(JOBS_GAUGE_SECONDS), self.gauge_jobs, STANDARD
+            )
+            self.tasks.spawn("jobs gauge: first", self.gauge_jobs())
+
+    def record_metrics(self, batch: MetricsBatch) -> None:
+        """What a job actor of this key relayed (`runtime.job_actor`), recorded here."""
+        replay(self.metrics, batch)
+
+    async def gauge_jobs(self) -> None:
+        """One count query; every job type seen keeps a series per status."""
+        where = JobFilter(self.key.scope, self.key.namespace, frozenset(GAUGED_STATUSES))
+        counts = await self.storage.count_jobs_by_type_and_status(where)
+        for job_type, status, value in jobs_gauge(counts, self._gauged_types):
+            self.metrics.jobs(value, self._labels(job_type), status)
+            self._gauged_types.add(job_type)
+
     # -- rehydration --------------------------------------------------------------------------
 
     async def rehydrate(self) -> builtins.list[str]:
@@ -282,6 +329,7 @@ class ManagerCore:
                             self.drained.append(job_id)
                             actor = await self.job_actor(job_id)
                             await actor.recover.remote()
+                            self.metrics.count(Counter.REHYDRATIONS, 1, self._labels(state.type))
                 except Exception as error:
                     # Left in storage: the next pass, or reconciliation, resumes it.
                     log.warning("rehydrating job %s failed: %s", job_id, error,
@@ -306,6 +354,7 @@ class JobsManagerActor:
     ) -> None:
         configure_actor()
         self.core = ManagerCore(scope, namespace, storage_url, options_json, ray_namespace)
+        self.core.watch_jobs()
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -352,6 +401,14 @@ class JobsManagerActor:
         """Cleanup passes run, the jobs they (and releases) removed with why, and background
         tasks that failed (name: last error)."""
         return self.core.cleanup_stats()
+
+    async def record_metrics(
+        self,
+        counts: builtins.list[tuple[str, int, Labels]],
+        observations: builtins.list[tuple[str, float, Labels, str]],
+    ) -> None:
+        """A job actor's metrics, recorded in this long-lived process (see `job_actor`)."""
+        self.core.record_metrics((counts, observations))
 
     async def drain_stats(self) -> dict[str, Any]:
         """The rehydration drain as observed: order of dispatch and peak concurrency."""

@@ -19,6 +19,7 @@ import asyncio
 import functools
 import inspect
 import os
+import time
 from collections import Counter, defaultdict
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from typing import Any
 import ray
 from pydantic import BaseModel
 
+from choreography_ray.core.metrics import UNKNOWN, Histogram, Labels, WriteOperation
 from choreography_ray.core.retries import Backoff
 from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.model import Lease, StatusChange, utcnow
@@ -35,6 +37,7 @@ from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.messages import Outcome, StartWire, StepStart, starts_from_wire
+from choreography_ray.runtime.metrics import metrics_for
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
 from choreography_ray.scheduler.deciding import JobDecisions
 from choreography_ray.status import JobStatus, StepStatus
@@ -56,14 +59,17 @@ class Tenant:
     def __init__(self, storage_url: str, options_json: str, namespace: str, host: StepHostCore):
         self.options = JobsOptions.model_validate_json(options_json)
         self.storage = open_shared_storage(storage_url, namespace)
-        self.commit = GroupCommit(self.storage, self.options.group_commit_delay.total_seconds())
+        self.metrics = metrics_for(self.options)
+        self.commit = GroupCommit(
+            self.storage, self.options.group_commit_delay.total_seconds(), self.metrics
+        )
         #: `StepContext.decide` of this tenant's steps: each job's scheduler run, found once.
         self.decisions = JobDecisions(
             lambda: shared_scheduler_storage(self.storage),
             self.options.scheduler.replay_answers_for,
             asyncio.get_running_loop(),
         )
-        self.delivery = Delivery(self.options, namespace, self.job_exists)
+        self.delivery = Delivery(self.options, namespace, self.job_exists, self.metrics)
         #: The steps whose lease the host renews, (job_id, step_id) -> attempt. A step leaves
         #: as soon as its outcome is known, before the outcome is written.
         self.leased: dict[tuple[str, str], int] = {}
@@ -90,6 +96,8 @@ class StepHostCore:
         self.capacity = capacity
         self.tenants: dict[tuple[str, str], Tenant] = {}
         self.job_tenant: dict[str, Tenant] = {}
+        #: Each job's metric tags, as its start batches said them; dropped with `job_tenant`.
+        self.job_labels: dict[str, Labels] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
         #: Running steps whose RUNNING write is not done: not launched, and dropped if it fails.
         self.unwritten: set[tuple[str, str]] = set()
@@ -121,12 +129,17 @@ class StepHostCore:
         return Lease(silo=self._silo, activation=self._activation, heartbeat=utcnow())
 
     async def start_steps(
-        self, job_id: str, context: tuple[str, str], steps: Sequence[StepStart]
+        self,
+        job_id: str,
+        context: tuple[str, str],
+        steps: Sequence[StepStart],
+        labels: Labels = UNKNOWN,
     ) -> int:
         """Persists RUNNING for the batch, starts every step, and returns how many started.
         Waits while the host is at capacity, which throttles the caller's start operations.
-        A step already running here is not started twice."""
+        A step already running here is not started twice. `labels` are the job's metric tags."""
         self._hold(job_id)
+        self.job_labels[job_id] = labels
         try:
             return await self._start_steps(job_id, self.tenant(job_id, context), steps)
         finally:
@@ -168,7 +181,8 @@ class StepHostCore:
                 [
                     StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
                     for s in steps
-                ]
+                ],
+                labels=self.job_labels.get(job_id, UNKNOWN),
             )
         except BaseException:
             for key in keys:
@@ -265,10 +279,11 @@ class StepHostCore:
                 messages = () if o.message is None else (o.message,)
                 change = StatusChange(status=o.status, exception_messages=messages)
                 updates.append(StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change))
+        labels = self.job_labels.get(job_id, UNKNOWN)
         tries = 0
         while True:
             try:
-                await tenant.commit.write(updates, deletes)
+                await tenant.commit.write(updates, deletes, labels)
                 break
             except Exception:
                 # Persist, then deliver: an outcome that is not stored is not reported.
@@ -284,14 +299,19 @@ class StepHostCore:
             for o in outcomes:
                 self._pop_running((job_id, o.step_id))
             self._room.notify_all()
-        await self._deliver(tenant, job_id, outcomes)
+        await self._deliver(tenant, job_id, outcomes, labels)
 
-    async def _deliver(self, tenant: Tenant, job_id: str, outcomes: list[Outcome]) -> None:
+    async def _deliver(
+        self, tenant: Tenant, job_id: str, outcomes: list[Outcome], labels: Labels
+    ) -> None:
         removing = job_id in self.removing_jobs
-        delivered = await tenant.delivery.deliver(job_id, outcomes, unlimited=removing)
+        delivered = await tenant.delivery.deliver(
+            job_id, outcomes, unlimited=removing, labels=labels
+        )
         if removing and delivered:
             # The job has stored its stop: a removed step deletes its own record.
-            await tenant.commit.write(deletes=[(job_id, o.step_id) for o in outcomes])
+            deletes = [(job_id, o.step_id) for o in outcomes]
+            await tenant.commit.write(deletes=deletes, labels=labels)
 
     async def cancel_steps(self, job_id: str, removing: bool) -> int:
         """Tells every running step of the job to stop; returns how many were told."""
@@ -326,10 +346,23 @@ class StepHostCore:
                 LeaseRenewal(job_id, step_id, attempt, lease)
                 for (job_id, step_id), attempt in tenant.leased.items()
             ]
+            began = time.perf_counter()
             try:
                 await tenant.storage.renew_leases(renewals)
             except Exception as error:
                 log.warning("could not renew %d leases (%s); retrying", len(renewals), error)
+                continue
+            if tenant.metrics.enabled:
+                # Once per job type that had a lease in the round, never once per step.
+                seconds = time.perf_counter() - began
+                jobs = {renewal.job_id for renewal in renewals}
+                for labels in {self.job_labels.get(job_id, UNKNOWN) for job_id in jobs}:
+                    tenant.metrics.observe(
+                        Histogram.STORAGE_WRITE_SECONDS,
+                        seconds,
+                        labels,
+                        WriteOperation.RENEW_LEASES,
+                    )
 
     def spawn(
         self, coro: Coroutine[Any, Any, None], name: str, job_id: str | None = None
@@ -360,6 +393,7 @@ class StepHostCore:
         if self.holds[job_id] <= 0:
             del self.holds[job_id]
             tenant = self.job_tenant.pop(job_id, None)
+            self.job_labels.pop(job_id, None)
             if tenant is not None:
                 tenant.decisions.forget(job_id)
             self.removing_jobs.discard(job_id)
@@ -432,9 +466,16 @@ class StepHost:
         self.core = StepHostCore(namespace, capacity)
 
     async def start_steps(
-        self, job_id: str, context: tuple[str, str], steps: list[StartWire]
+        self,
+        job_id: str,
+        context: tuple[str, str],
+        steps: list[StartWire],
+        labels: tuple[str, str, str] | None = None,
     ) -> int:
-        return await self.core.start_steps(job_id, context, starts_from_wire(steps))
+        """`labels` (scope, namespace, job type) tag what the host records of the job; a job
+        actor of an earlier release sends none."""
+        job_labels = UNKNOWN if labels is None else Labels(*labels)
+        return await self.core.start_steps(job_id, context, starts_from_wire(steps), job_labels)
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)

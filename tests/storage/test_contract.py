@@ -39,6 +39,7 @@ from choreography_ray.model import (
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
+    JobCounts,
     JobCursor,
     JobFilter,
     LeaseRenewal,
@@ -139,6 +140,30 @@ async def test_list_jobs__by_key_and_status(storage: Storage) -> None:
     assert {j.id for j in await storage.list_jobs("s", "n")} == {"a", "b"}
     assert [j.id for j in await storage.list_jobs("s", "n", JobStatus.RUNNING)] == ["a"]
     assert await storage.list_jobs("s", "nobody") == []
+
+
+async def test_count_jobs__of_one_key_in_the_statuses_asked_for(storage: Storage) -> None:
+    """The jobs gauge's query: one key, some statuses (`count_jobs_by_type_and_status`)."""
+    running, stopped, failed = JobStatus.RUNNING, JobStatus.STOPPED, JobStatus.FAILED
+    await storage.create_job(job("a1", type="pkg.mod:A", status=running))
+    await storage.create_job(job("a2", type="pkg.mod:A", status=running))
+    await storage.create_job(job("a3", type="pkg.mod:A", status=stopped, stop_finalized=True))
+    await storage.create_job(job("b1", type="pkg.mod:B", status=running))
+    await storage.create_job(job("b2", type="pkg.mod:B", status=failed))
+    await storage.create_job(job("c1", type="pkg.mod:A", namespace="other", status=running))
+
+    async def count(namespace: str, *statuses: JobStatus) -> JobCounts:
+        where = JobFilter(scope="s", namespace=namespace, statuses=frozenset(statuses))
+        return await storage.count_jobs_by_type_and_status(where)
+
+    assert await count("n", running, stopped) == {
+        ("pkg.mod:A", running): 2,
+        ("pkg.mod:A", stopped): 1,
+        ("pkg.mod:B", running): 1,
+    }
+    assert await count("n", failed) == {("pkg.mod:B", failed): 1}
+    assert await count("n") == {}
+    assert await count("nobody", running) == {}
 
 
 async def test_jobs_excluding_finalized_stops__leaves_out_only_finalized_stops_oldest_first(

@@ -24,10 +24,11 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from choreography_ray.core.job import JobCore
+from choreography_ray.core.metrics import Counter, Histogram, Labels
 from choreography_ray.errors import StorageError, StorageUnavailableError
 from choreography_ray.model import JobState, StatusChange, StepState
 from choreography_ray.runtime.messages import Outcome, StepStart
-from choreography_ray.status import StepStatus
+from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
 from choreography_ray.storage.memory import MemoryStorage
 
@@ -60,6 +61,8 @@ class FakeHosts:
         self._turn = 0
         #: Every start operation, as (host, batch), in the order they were made.
         self.calls: list[tuple[str, list[StepStart]]] = []
+        #: The metric labels each start operation carried, in the same order.
+        self.labels: list[Labels] = []
         #: Every step a host stored RUNNING and ran, in order (a restart appears again).
         self.started: list[StepStart] = []
         #: What runs now, by (host, step id).
@@ -94,8 +97,11 @@ class FakeHosts:
         self._turn += 1
         return host
 
-    async def start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
+    async def start(
+        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
+    ) -> None:
         self.calls.append((host, list(batch)))
+        self.labels.append(labels)
         self.in_flight += len(batch)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
@@ -377,3 +383,33 @@ class FaultyStorage(MemoryStorage):
         await self._before("remove_job")
         await super().remove_job(job_id)
         self._after("remove_job")
+
+
+class RecordingMetrics:
+    """`core.metrics.Metrics` that keeps every call, in order, for the test to read."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.counts: list[tuple[Counter, int, Labels]] = []
+        self.observations: list[tuple[Histogram, float, Labels, str]] = []
+        self.gauges: list[tuple[int, Labels, JobStatus]] = []
+
+    def count(self, counter: Counter, value: int, labels: Labels) -> None:
+        self.counts.append((counter, value, labels))
+
+    def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
+        self.observations.append((histogram, value, labels, tag))
+
+    def jobs(self, value: int, labels: Labels, status: JobStatus) -> None:
+        self.gauges.append((value, labels, status))
+
+    def total(self, counter: Counter) -> int:
+        return sum(value for name, value, _ in self.counts if name is counter)
+
+    def calls(self, counter: Counter) -> list[int]:
+        """The values of every call of `counter`, in order."""
+        return [value for name, value, _ in self.counts if name is counter]
+
+    def observed(self, histogram: Histogram, tag: str) -> list[float]:
+        return [v for name, v, _, t in self.observations if name is histogram and t == tag]

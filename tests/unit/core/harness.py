@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from choreography_ray.core.job import JobCore
+from choreography_ray.core.metrics import NO_METRICS, Metrics
 from choreography_ray.job import Job
 from choreography_ray.model import JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
@@ -38,12 +39,18 @@ DEFAULTS: dict[str, Any] = {
 
 class Harness:
     def __init__(
-        self, job_id: str, storage: MemoryStorage, hosts: FakeHosts, options: JobsOptions
+        self,
+        job_id: str,
+        storage: MemoryStorage,
+        hosts: FakeHosts,
+        options: JobsOptions,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.job_id = job_id
         self.storage = storage
         self.hosts = hosts
         self.options = options
+        self.metrics = metrics
         self.core: JobCore | None = None
         #: Every activation built for this job, the current one last.
         self.activations: list[JobCore] = []
@@ -57,7 +64,7 @@ class Harness:
         """A new activation of the job (the old one, if any, is gone: its tasks end)."""
         if self.core is not None:
             self.core.close()
-        core = JobCore(self.job_id, self.storage, self.hosts, self.options)
+        core = JobCore(self.job_id, self.storage, self.hosts, self.options, metrics=self.metrics)
         self.core = core
         self.hosts.core = core
         self.activations.append(core)
@@ -105,6 +112,7 @@ async def create(
     hosts: FakeHosts | None = None,
     resume_after: ResumeAfter | None = None,
     held: bool = False,
+    metrics: Metrics = NO_METRICS,
     **options: Any,
 ) -> Harness:
     """A job stored PREPARING_JOB (as `runtime/manager.py` creates it; after a checkpoint with
@@ -122,7 +130,7 @@ async def create(
         held=held,
     ).with_status(JobStatus.PREPARING_JOB)
     await storage.create_job(state)
-    harness = Harness(job_id, storage, hosts, JobsOptions(**{**DEFAULTS, **options}))
+    harness = Harness(job_id, storage, hosts, JobsOptions(**{**DEFAULTS, **options}), metrics)
     await harness.activate(False)
     return harness
 

@@ -68,6 +68,35 @@ def test_stop__a_step_that_ignores_it_is_counted_with_its_outcome(
     activations.run(scenario)
 
 
+def test_stop__a_retry_whose_start_failed_counts_as_failed_as_storage_holds_it(
+    activations: Activations,
+) -> None:
+    """Found by the storage-faults state machine: a failed attempt's retry was handed to a host
+    whose start operation threw; the stop then counted the step as a never-started stop, while
+    storage holds its first attempt FAILED."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), max_step_attempts=2)
+        await h.c.start()
+        await h.hosts.finish("000000")
+        h.hosts.fail_starts = 1  # the retry's start operation throws
+        await h.hosts.finish("000001", FAILED, "attempt 1")
+        await h.settle()
+        assert [s.step_id for s in h.c.window.start_failed] == ["000001"]
+
+        await h.c.stop()
+        await h.settle()
+
+        stored = await h.stored()
+        assert stored.stop_finalized
+        progress = stored.progress
+        assert (progress.successful_steps, progress.failed_steps) == (1, 1)
+        assert progress.stopped_steps == 0
+        assert (await h.steps())["000001"].status is StepStatus.FAILED
+
+    activations.run(scenario)
+
+
 def test_stop__a_failed_save_leaves_the_job_running_and_a_later_stop_works(
     activations: Activations,
 ) -> None:
