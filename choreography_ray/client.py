@@ -359,8 +359,9 @@ class Jobs:
         loop never blocks. Use `jobs.async_manager(...)` on the result.
 
         Inside a Ray actor or task, Ray is joined already (`address` is not used). A driver that
-        has not joined Ray yet joins it first, as `connect` does, on the calling thread: Ray
-        expects `ray.init` on the main thread, and nothing else runs on the loop yet."""
+        has not joined Ray yet joins it first, as `connect` does, on the calling thread (Ray
+        expects `ray.init` on the main thread), which blocks while Ray starts: call `ray.init`
+        before the loop runs where that matters."""
         owns_ray = _join_ray(address, namespace)
         jobs = cls(resolve_storage_url(storage), options or JobsOptions(), namespace, owns_ray)
         await ensure_recovery_async(jobs.storage, jobs.options, namespace)
