@@ -16,7 +16,7 @@ import ray
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import choreography_ray as cr
-from benchmarks.workloads import BenchJob, BenchRequest
+from choreography_ray.bench.workloads import BenchJob, BenchRequest
 
 
 @ray.remote

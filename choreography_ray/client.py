@@ -1,6 +1,9 @@
-"""`Jobs.connect`, and the sync and async clients of a jobs manager.
+"""`Jobs.connect` and `Jobs.connect_async`, and the sync and async clients of a jobs manager.
 
-The async client is the core; the sync one runs the same coroutines to completion.
+The async client is the core; the sync one runs the same coroutines to completion. Nothing on
+the async path blocks an event loop (an async actor's, in a Ray application): `connect_async`
+and the async clients get actor handles in a worker thread (a named-actor lookup blocks on
+Ray's GCS) and await actor calls, never `ray.get`.
 
 A jobs manager is one actor per (scope, namespace) and keeps the storage and options of the
 connection that created it. A client for a manager that runs with another storage or other
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import logging
 import os
 import time
@@ -35,8 +39,9 @@ from choreography_ray.job import Job
 from choreography_ray.model import JobState, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
+from choreography_ray.runtime.actors import LazyHandle
 from choreography_ray.runtime.names import DEFAULT_NAMESPACE, manager_name
-from choreography_ray.runtime.recovery import ensure_recovery
+from choreography_ray.runtime.recovery import ensure_recovery, ensure_recovery_async
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import redact_url
 from choreography_ray.types import type_path
@@ -149,6 +154,21 @@ def manager_conflict(
     )
 
 
+def _join_ray(address: str | None, namespace: str) -> bool:
+    """Joins the Ray cluster at `address` unless this process has (a Ray worker always has);
+    whether it did, so that `close` ends what it started."""
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=address,
+        namespace=namespace,
+        logging_level=logging.WARNING,
+        log_to_driver=True,
+        configure_logging=True,
+    )
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class StartedJob:
     job_id: str
@@ -157,8 +177,9 @@ class StartedJob:
 
 
 class AsyncJobsManager:
-    """The jobs manager of one (scope, namespace), with `async` methods. Its first call checks
-    that the manager runs with this connection's storage and options."""
+    """The jobs manager of one (scope, namespace), with `async` methods. Its first call gets the
+    manager's actor (in a worker thread, when `handle` is a `LazyHandle`) and checks that the
+    manager runs with this connection's storage and options."""
 
     def __init__(
         self,
@@ -167,7 +188,7 @@ class AsyncJobsManager:
         namespace: str,
         expected: tuple[str, JobsOptions] | None = None,
     ) -> None:
-        self._handle = handle
+        self._handle = handle if isinstance(handle, LazyHandle) else LazyHandle.of(handle)
         self.scope = scope
         self.namespace = namespace
         #: The connection's (storage, options) to check the manager against; None once checked.
@@ -179,7 +200,7 @@ class AsyncJobsManager:
         `start`, which may have run before its answer was lost); the spec's errors come out as
         they were raised, and no Ray exception type leaks."""
         return await call_actor(
-            self._handle,
+            await self._handle.get(),
             method,
             args,
             what=f"jobs manager {self.scope}/{self.namespace}",
@@ -315,20 +336,35 @@ class Jobs:
         address: str | None = None,
         namespace: str = DEFAULT_NAMESPACE,
     ) -> Jobs:
-        """Joins the Ray cluster at `address` (or starts a local one, as `ray.init` does)."""
-        owns_ray = False
-        if not ray.is_initialized():
-            ray.init(
-                address=address,
-                namespace=namespace,
-                logging_level=logging.WARNING,
-                log_to_driver=True,
-                configure_logging=True,
-            )
-            owns_ray = True
+        """Joins the Ray cluster at `address` (or starts a local one, as `ray.init` does).
+
+        It blocks until the recovery actor answers: on an event loop (inside an async actor of
+        a Ray application), use `await Jobs.connect_async(...)` instead."""
+        owns_ray = _join_ray(address, namespace)
         jobs = cls(resolve_storage_url(storage), options or JobsOptions(), namespace, owns_ray)
         # The recovery actor rehydrates this storage's interrupted jobs now, and after node loss.
         ensure_recovery(jobs.storage, jobs.options, namespace)
+        return jobs
+
+    @classmethod
+    async def connect_async(
+        cls,
+        storage: str | None = None,
+        options: JobsOptions | None = None,
+        address: str | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> Jobs:
+        """`connect` for code on an event loop, such as an async actor of a Ray application: the
+        recovery actor is found (or created) in a worker thread and its answer awaited, so the
+        loop never blocks. Use `jobs.async_manager(...)` on the result.
+
+        Inside a Ray actor or task, Ray is joined already (`address` is not used). A driver that
+        has not joined Ray yet joins it first, as `connect` does, on the calling thread (Ray
+        expects `ray.init` on the main thread), which blocks while Ray starts: call `ray.init`
+        before the loop runs where that matters."""
+        owns_ray = _join_ray(address, namespace)
+        jobs = cls(resolve_storage_url(storage), options or JobsOptions(), namespace, owns_ray)
+        await ensure_recovery_async(jobs.storage, jobs.options, namespace)
         return jobs
 
     def _manager_handle(self, scope: str, namespace: str) -> Any:
@@ -337,25 +373,33 @@ class Jobs:
         )
 
     def async_manager(self, scope: str, namespace: str) -> AsyncJobsManager:
-        """The async client; its first call raises `JobsManagerConflictError` if the manager
-        runs with another storage or other options than this connection's."""
-        handle = self._manager_handle(scope, namespace)
+        """The async client. It blocks nothing: its first call gets (or creates) the manager's
+        actor in a worker thread, and raises `JobsManagerConflictError` if the manager runs with
+        another storage or other options than this connection's."""
+        handle = LazyHandle(functools.partial(self._manager_handle, scope, namespace))
         return AsyncJobsManager(handle, scope, namespace, (self.storage, self.options))
 
     def manager(self, scope: str, namespace: str) -> JobsManager:
         """The sync client; raises `JobsManagerConflictError` if the manager runs with another
         storage or other options than this connection's."""
         inner = self.async_manager(scope, namespace)
-        inner.check(ray.get(inner._handle.config.remote()))
+        inner.check(ray.get(inner._handle.get_sync().config.remote()))
         return JobsManager(inner)
 
     def async_scheduler(self, scope: str) -> AsyncScheduler:
-        """The async client of `scheduler/{scope}`; its first call raises
+        """The async client of `scheduler/{scope}`. Like `async_manager`, it blocks nothing: its
+        first call gets (or creates) the actor in a worker thread, and raises
         `JobsManagerConflictError` if the scheduler runs with another storage or options."""
         from choreography_ray.scheduler_client import AsyncScheduler
 
-        handle = actors.scheduler_actor(
-            scope, self.storage, self.options.model_dump_json(), self.namespace
+        handle = LazyHandle(
+            functools.partial(
+                actors.scheduler_actor,
+                scope,
+                self.storage,
+                self.options.model_dump_json(),
+                self.namespace,
+            )
         )
         return AsyncScheduler(handle, scope, (self.storage, self.options))
 
@@ -365,7 +409,7 @@ class Jobs:
         from choreography_ray.scheduler_client import Scheduler
 
         inner = self.async_scheduler(scope)
-        inner.check(ray.get(inner._handle.config.remote()))
+        inner.check(ray.get(inner._handle.get_sync().config.remote()))
         return Scheduler(inner)
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from choreography_ray.client import call_actor, manager_conflict
 from choreography_ray.errors import InvalidRequestError, SchedulerUnavailableError
 from choreography_ray.job import Job
 from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.actors import LazyHandle
 from choreography_ray.runtime.names import scheduler_name
 from choreography_ray.scheduler.records import (
     DeadLetter,
@@ -61,7 +62,7 @@ class AsyncScheduler:
     def __init__(
         self, handle: Any, scope: str, expected: tuple[str, JobsOptions] | None = None
     ) -> None:
-        self._handle = handle
+        self._handle = handle if isinstance(handle, LazyHandle) else LazyHandle.of(handle)
         self.scope = scope
         self._expected = expected
 
@@ -80,7 +81,7 @@ class AsyncScheduler:
 
     async def _call(self, method: str, *args: Any) -> Any:
         return await call_actor(
-            self._handle,
+            await self._handle.get(),
             method,
             args,
             what=f"scheduler {self.scope}",

@@ -26,19 +26,53 @@ def type_path(cls: type) -> str:
         )
     module = cls.__module__
     if module == "__main__":
-        main = sys.modules["__main__"]
-        spec = getattr(main, "__spec__", None)
-        script = getattr(main, "__file__", None)
-        if spec is not None and spec.name:
-            module = spec.name
-        elif script:
-            module = Path(script).stem
-        else:
-            raise TypeImportError(
-                f"{cls.__qualname__} is defined in an interactive session; define job and step "
-                "types in a module"
-            )
+        module = _script_module(cls)
     return f"{module}:{cls.__qualname__}"
+
+
+def _script_module(cls: type) -> str:
+    """The module name of the script that defines `cls`, a class of `__main__`."""
+    main = sys.modules["__main__"]
+    if getattr(main, cls.__name__, None) is not cls:
+        # Not this process's script: a class Ray sent by value from a driver's script (an
+        # actor defined there refers to it), seen in a worker whose `__main__` is Ray's own.
+        return _module_of_source(cls)
+    spec = getattr(main, "__spec__", None)
+    script = getattr(main, "__file__", None)
+    if spec is not None and spec.name:
+        return str(spec.name)
+    if script:
+        return Path(script).stem
+    raise TypeImportError(
+        f"{cls.__qualname__} is defined in an interactive session; define job and step types "
+        "in a module"
+    )
+
+
+def _module_of_source(cls: type) -> str:
+    """The module name under which the file that defines `cls`'s methods is importable from
+    `sys.path`, from the most specific entry (Ray puts a driver's script directory on its
+    workers' path, so a script `app.py` is `app`, as it is for its driver)."""
+    files = {
+        Path(code.co_filename).resolve()
+        for member in vars(cls).values()
+        if (code := getattr(getattr(member, "__func__", member), "__code__", None)) is not None
+    }
+    names: list[tuple[int, str]] = []
+    for file in files:
+        for entry in sys.path:
+            try:
+                parts = file.with_suffix("").relative_to(Path(entry or ".").resolve()).parts
+            except ValueError:
+                continue
+            if all(part.isidentifier() for part in parts):
+                names.append((len(parts), ".".join(parts)))
+    if not names:
+        raise TypeImportError(
+            f"{cls.__qualname__} comes from a script (`__main__`) whose module cannot be found "
+            "on this process's path; define job and step types in a module and import them"
+        )
+    return min(names)[1]
 
 
 def import_type(path: str, allowed_prefixes: Sequence[str] | None = None) -> type:

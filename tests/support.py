@@ -1,5 +1,5 @@
 """Helpers shared by the test tiers: polling, direct storage access, jobs seeded as a dead
-cluster left them, free ports and trace files.
+cluster left them, free ports, services missing (skip locally, fail in CI) and trace files.
 
 Trace files are how steps and hooks, which run in other processes (Ray workers, CLI
 subprocesses), tell a test what they did: one JSON object a line, appended by `trace` and read
@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
@@ -180,6 +180,13 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def missing_service(reason: str) -> NoReturn:
+    """Skip locally; in CI (`CI=true`) a missing service is a failure, not a silent skip."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true, so this fails instead of skipping)", pytrace=False)
+    pytest.skip(reason)
 
 
 # -- traces ---------------------------------------------------------------------------------------

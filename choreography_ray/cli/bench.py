@@ -1,15 +1,12 @@
 """`choreography-ray bench`: the durable job against bare Ray tasks, in one run.
 
-The measuring lives in the repository's `benchmarks/` package (`benchmarks/harness.py`), next to
-this package in a source checkout; this command finds it there, puts the repository root on
-`sys.path` (the Ray workers get it on `PYTHONPATH`), and only parses options and prints. An
-installed wheel has no `benchmarks/`: the command then says so and exits 2. docs/benchmarks.md
-explains the columns.
+The measuring lives in `choreography_ray.bench` (`harness.py`), so an installed wheel runs it as
+a checkout does; this command only parses options and prints. docs/benchmarks.md explains the
+columns.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -19,18 +16,8 @@ from choreography_ray.cli._common import (
     check_storage,
     console,
     err_console,
-    fail,
     resolve_storage,
 )
-
-#: Where `benchmarks/` is in a source checkout: the directory that holds this package.
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _find_checkout() -> None:
-    """Puts the source checkout's root on `sys.path`, when this package sits in one."""
-    if (REPO_ROOT / "benchmarks" / "harness.py").is_file() and str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
 
 
 def bench(
@@ -115,15 +102,10 @@ def bench(
 
     It starts its own local Ray. See docs/benchmarks.md for what each column means.
     """
-    _find_checkout()
-    try:
-        from benchmarks import harness
-        from benchmarks import report as report_module
-    except ImportError as error:
-        fail(
-            "`bench` runs from a source checkout of choreography-ray: it needs the "
-            f"repository's benchmarks/ package, looked for in {REPO_ROOT} ({error})"
-        )
+    # Imported here: they import Ray, which the CLI's other commands need not wait for.
+    from choreography_ray.bench import harness
+    from choreography_ray.bench import report as report_module
+
     if plot_file is not None and not report_module.can_plot():
         err_console.print(
             f"matplotlib is not installed, so --plot {plot_file} will be skipped: "

@@ -7,13 +7,16 @@ constructor arguments of each actor are written once, here. The actor classes ar
 inside the functions, because the modules that define them call these functions.
 
 Getting a handle by name asks Ray's GCS and blocks until it answers. Async actors must call
-these functions through `asyncio.to_thread`, never on their event loop.
+these functions through `asyncio.to_thread`, never on their event loop; `LazyHandle` does so
+for the async clients, on their first call.
 
 Handles are `Any`: Ray types a handle's methods as `Never` (`ActorHandle.__getattr__`).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from choreography_ray.runtime.names import (
@@ -63,3 +66,32 @@ def scheduler_actor(scope: str, storage_url: str, options_json: str, ray_namespa
     return SchedulerActor.options(  # type: ignore[attr-defined]
         **actor_options(scheduler_name(scope), ray_namespace)
     ).remote(scope, storage_url, options_json, ray_namespace)
+
+
+class LazyHandle:
+    """An actor handle got on first use: `await get()` runs `make` (one of the functions above,
+    which block on the GCS) in a worker thread, so an async client can be made on an event loop
+    without blocking it. Two first calls at once may both run `make`; get-if-exists gives them
+    the same actor."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._handle: Any = None
+
+    @classmethod
+    def of(cls, handle: Any) -> LazyHandle:
+        """A handle already got."""
+        lazy = cls(lambda: handle)
+        lazy._handle = handle
+        return lazy
+
+    async def get(self) -> Any:
+        if self._handle is None:
+            self._handle = await asyncio.to_thread(self._make)
+        return self._handle
+
+    def get_sync(self) -> Any:
+        """For the sync clients, which may block."""
+        if self._handle is None:
+            self._handle = self._make()
+        return self._handle

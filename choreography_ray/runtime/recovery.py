@@ -399,3 +399,12 @@ def ensure_recovery(storage_url: str, options: JobsOptions, namespace: str) -> A
     actor = actors.recovery_actor(namespace)
     ray.get(actor.register.remote(storage_url, options.model_dump_json()))
     return actor
+
+
+async def ensure_recovery_async(storage_url: str, options: JobsOptions, namespace: str) -> Any:
+    """`ensure_recovery` without blocking the event loop: the actor is looked up (or created) in
+    a worker thread, and its answer awaited, never `ray.get` (which Ray refuses to see inside
+    an async actor, even from a thread)."""
+    actor = await asyncio.to_thread(actors.recovery_actor, namespace)
+    await actor.register.remote(storage_url, options.model_dump_json())
+    return actor

@@ -4,14 +4,12 @@ nothing is half written.
 The CLI's own input (a request file, a job type path, a storage URL) is tried on the CLI as a
 subprocess; the rest on the Python API against a real local Ray of this module's own, on real
 SQLite files (hand-edited with sqlite3, made read-only, put on a full tmpfs), real sockets (a
-closed port) and real processes (a step that calls `os._exit`). The Ray token cases submit to
-a `ray start --head` of their own with `ray job submit`.
+closed port) and real processes (a step that calls `os._exit`). A `ray job submit` without the
+cluster's token is tried in test_cli.py, next to the other `ray job submit` tests.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -30,17 +28,12 @@ import choreography_ray as cr
 from tests.acceptance.bad_input_jobs import BigJob, OrderedJob
 from tests.acceptance.test_cli import (
     REFUSE_SECONDS,
-    RUN_SECONDS,
     cli,
     explain,
-    ray_command,
-    ray_head,
     stored_jobs,
     write_request,
 )
 from tests.support import eventually, free_port, left_behind, read_trace, seed_job
-
-__all__ = ["ray_head"]  # the fixture, used by name
 
 RAY_NAMESPACE = "choreography-bad-input"
 GREET = "tests.acceptance.acceptance_jobs:Greet"
@@ -441,43 +434,3 @@ def test_step_that_calls_os_exit__its_host_dies_and_the_job_still_reaches_an_out
         assert exiting[0]["pid"] == exited and len(exiting) >= 2, starts
         # The host process that ran it is gone; the cluster and manager are still up.
         assert manager.get(started.job_id).id == started.job_id
-
-
-# -- Ray's token authentication for `ray job submit` ---------------------------------------------
-
-
-@pytest.mark.timeout(RUN_SECONDS + 240)
-def test_ray_job_submit__wrong_or_missing_token__refused_and_nothing_runs(
-    ray_head: tuple[str, dict[str, str]], tmp_path: Path, storage_url: str
-) -> None:
-    address, env = ray_head
-    request = write_request(tmp_path, {"names": ["ada"]})
-    home = tmp_path / "home"  # no ~/.ray/auth_token here
-    home.mkdir()
-    cases = {
-        "wrong token": {**env, "RAY_AUTH_TOKEN": "0" * 32},
-        "missing token": {**env, "HOME": str(home), "RAY_AUTH_TOKEN_PATH": str(home / "none")},
-        "no auth mode": {
-            **{k: v for k, v in env.items() if k != "RAY_AUTH_MODE"},
-            "HOME": str(home),
-        },
-    }
-    for name, case_env in cases.items():
-        done = subprocess.run(
-            [ray_command("ray"), "job", "submit", "--address", address, "--",
-             "choreography-ray", "run", GREET, "--request", str(request),
-             "--storage", storage_url],
-            env=case_env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert done.returncode != 0, f"{name}: {explain(done)}"
-        output = (done.stdout + done.stderr).lower()
-        assert "token" in output or "auth" in output or "unauthenticated" in output, (
-            f"{name}: {explain(done)}"
-        )
-    assert not Path(storage_url.removeprefix("sqlite:///")).exists()
-    # The right token still works: the head is up.
-    listed = subprocess.run([ray_command("ray"), "job", "list", "--address", address], env=env,
-                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert listed.returncode == 0, explain(listed)
-    with contextlib.suppress(Exception):
-        json.dumps(listed.stdout)

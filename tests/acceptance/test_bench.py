@@ -7,12 +7,15 @@ measurement is there, with the fields docs/benchmarks.md documents.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 #: The fields each durable run carries (the issue's contract).
 DURABLE_FIELDS = {"steps", "storage", "seconds", "bare_tasks_seconds", "ratio_vs_bare_tasks"}
@@ -37,11 +40,15 @@ def _number(value: Any) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_bench__writes_every_measurement_to_json(tmp_path: Path) -> None:
-    # From a directory outside the checkout: the command finds benchmarks/ by itself.
+    # From a directory outside the checkout, with this checkout's package on PYTHONPATH (the
+    # environment may have another one installed): the harness gives the Ray workers the same.
+    # tests/acceptance/test_installed_bench.py runs an installed wheel instead.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     completed = subprocess.run(
         [sys.executable, "-m", "choreography_ray.cli", "bench", "--steps", "200",
          "--actor-sample", "20", "--json", "out.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=850, check=False,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert "durable / bare tasks" in completed.stdout

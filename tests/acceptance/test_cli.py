@@ -2,8 +2,9 @@
 its output, on an SQLite file of the test's own.
 
 A command that runs a job starts its own local Ray (`--address local`, about 5-10 s), so those
-runs are few; bad input is refused before Ray starts, so those runs are cheap. The last test
-submits a run to a `ray start --head` cluster with `ray job submit`, as DESIGN.md §7 asks.
+runs are few; bad input is refused before Ray starts, so those runs are cheap. The last tests
+submit runs to a `ray start --head` cluster with `ray job submit`, as DESIGN.md §7 asks: one
+head for the module, with token authentication, which must come up in CI (`CI=true`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -20,12 +22,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from choreography_ray.model import JobState
-from tests.support import free_port, in_storage
+from tests.support import eventually, free_port, in_storage, missing_service
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TYPE = "tests.acceptance.acceptance_jobs:Greet"
@@ -201,25 +205,65 @@ def test_status__unknown_job_exits_2(storage_url: str) -> None:
 # -- ray job submit -------------------------------------------------------------------------
 
 
+#: How long `ray job submit` (or `ray job logs`, `ray job status`) may take, in seconds.
+SUBMIT_SECONDS = 60
+#: How long a submitted job may take to reach what a test waits for, in seconds.
+SUBMITTED_JOB_SECONDS = 120
+
+
 def ray_command(name: str) -> str:
     """The `ray` script of this interpreter's environment."""
     path = Path(sys.executable).parent / name
     return str(path) if path.exists() else name
 
 
-@pytest.fixture
-def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
-    """A `ray start --head --block` of this test's own: its own temp dir (so no other `ray.init`
-    finds it) and ports, stopped by a signal to its pid, which stops the processes it started.
-    Yields the job server's address and the environment for `ray job submit`."""
+@dataclass(frozen=True)
+class RayHead:
+    """A `ray start --head` with token authentication, and how to reach its job server."""
+
+    #: The job server (dashboard) address, for `--address`.
+    address: str
+    #: The environment of a user who has the cluster's token (`RAY_AUTH_MODE=token` and
+    #: `RAY_AUTH_TOKEN_PATH`), with choreography-ray on PATH.
+    env: dict[str, str]
+
+    def ray_job(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = SUBMIT_SECONDS
+    ) -> subprocess.CompletedProcess[str]:
+        """`ray job ARGS --address ...` (the address before any `--` entrypoint)."""
+        head, sep, entrypoint = _split_entrypoint(args)
+        return subprocess.run(
+            [ray_command("ray"), "job", *head, "--address", self.address, *sep, *entrypoint],
+            env=self.env if env is None else env, capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+
+
+def _split_entrypoint(args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+    if "--" not in args:
+        return list(args), [], []
+    at = args.index("--")
+    return list(args[:at]), ["--"], list(args[at + 1 :])
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[RayHead]:
+    """A `ray start --head --block` of this module's own: its own temp dir (so no other
+    `ray.init` finds it), ports and token (a file of its own, `RAY_AUTH_TOKEN_PATH`, so that it
+    needs no `~/.ray/auth_token` and ignores one), stopped by a signal to its pid, which stops
+    the processes it started; never by `ray stop`, which would stop every cluster here. A head
+    that does not come up skips locally and fails in CI."""
     if shutil.which(ray_command("ray")) is None:
-        pytest.skip("no `ray` command")
+        missing_service("no `ray` command")
     # A short path: Ray's Unix sockets live under it.
     temp_dir = tempfile.mkdtemp(prefix="cra-", dir="/tmp")
+    token = Path(temp_dir) / "auth_token"
+    token.write_text(secrets.token_hex(32), encoding="utf-8")
     dashboard = free_port()
-    env = cli_env()
+    env = {k: v for k, v in cli_env().items() if not k.startswith("RAY_AUTH_")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     # The job's entrypoint inherits the head's environment: choreography-ray on PATH, the
-    # repository on PYTHONPATH.
+    # repository on PYTHONPATH, the token for `ray.init` to join the cluster.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     command = [
         ray_command("ray"), "start", "--head", "--block", "--temp-dir", temp_dir,
@@ -233,59 +277,182 @@ def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
         "--num-cpus", "2", "--disable-usage-stats",
     ]  # fmt: skip
     log = open(Path(temp_dir) / "ray-start.log", "w+b")  # noqa: SIM115 - closed below
-    head = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    address = f"http://127.0.0.1:{dashboard}"
-    submit_env = {**env, "RAY_AUTH_MODE": "token"}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    head = RayHead(f"http://127.0.0.1:{dashboard}", env)
     try:
         deadline = time.monotonic() + HEAD_START_SECONDS
         while True:
-            if head.poll() is not None:
+            if process.poll() is not None:
                 log.seek(0)
-                pytest.skip(f"`ray start --head` failed here: {log.read().decode()[-2000:]}")
-            listed = subprocess.run(
-                [ray_command("ray"), "job", "list", "--address", address],
-                env=submit_env, capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
+                missing_service(f"`ray start --head` failed here: {log.read().decode()[-2000:]}")
+            listed = head.ray_job("list")
             if listed.returncode == 0:
                 break
             if time.monotonic() > deadline:
-                pytest.skip(f"the job server of `ray start --head` did not answer: "
-                            f"{listed.stderr[-2000:]}")  # fmt: skip
+                missing_service(f"the job server of `ray start --head` did not answer: "
+                                f"{listed.stderr[-2000:]}")  # fmt: skip
             time.sleep(1)
-        yield address, submit_env
+        yield head
     finally:
-        if head.poll() is None:
+        if process.poll() is None:
             # SIGINT, not SIGTERM: SIGTERM first drains the node, which here takes half a
             # minute; an interrupted `ray start --block` kills its processes at exit.
-            head.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                head.wait(HEAD_STOP_SECONDS)
+                process.wait(HEAD_STOP_SECONDS)
         # Whatever of the process group this fixture created is left (the head's children).
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait(HEAD_STOP_SECONDS)
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(HEAD_STOP_SECONDS)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-@pytest.mark.timeout(HEAD_START_SECONDS + RUN_SECONDS + 2 * HEAD_STOP_SECONDS + 30)
+#: A test's time when it is the first of the module to use `ray_head`, which starts then.
+SUBMIT_TEST_SECONDS = HEAD_START_SECONDS + 2 * HEAD_STOP_SECONDS + 4 * SUBMITTED_JOB_SECONDS
+
+
+#: The stored values of the terminal job statuses, and of a stop.
+TERMINAL = {"CompletedSuccessfully", "CompletedWithFailures", "Failed", "Stopped"}
+
+
+def fresh_scope() -> str:
+    """A scope of the test's own: the head, and so its jobs managers, outlive a test, and a
+    manager keeps the storage of the connection that created it."""
+    return f"pipelines-{uuid.uuid4().hex[:8]}"
+
+
+def submitted_json(output: str) -> dict[str, Any]:
+    """The JSON object an entrypoint printed (`run`, `status --json`), from the output of
+    `ray job submit`, which wraps the entrypoint's logs in lines of its own."""
+    match = re.search(r"^\{$.*?^\}$", output, re.MULTILINE | re.DOTALL)
+    assert match, output
+    data: dict[str, Any] = json.loads(match.group(0))
+    return data
+
+
+@pytest.mark.timeout(SUBMIT_TEST_SECONDS)
 def test_ray_job_submit__runs_the_job_on_the_cluster(
-    ray_head: tuple[str, dict[str, str]], tmp_path: Path, storage_url: str
+    ray_head: RayHead, tmp_path: Path, storage_url: str
 ) -> None:
-    address, env = ray_head
     request = write_request(tmp_path, {"names": ["ada", "grace", "linus", "margaret"]})
     submission = f"cr-acceptance-{uuid.uuid4().hex[:8]}"
+    scope = fresh_scope()
 
-    done = subprocess.run(
-        [ray_command("ray"), "job", "submit", "--address", address,
-         "--submission-id", submission, "--",
-         "choreography-ray", "run", JOB_TYPE, "--request", str(request),
-         "--storage", storage_url, "--scope", "pipelines", "--timeout", "120"],
-        env=env, capture_output=True, text=True, timeout=RUN_SECONDS, check=False,
+    done = ray_head.ray_job(
+        "submit", "--submission-id", submission, "--",
+        "choreography-ray", "run", JOB_TYPE, "--request", str(request),
+        "--storage", storage_url, "--scope", scope, "--timeout", "120",
+        timeout=RUN_SECONDS,
     )  # fmt: skip
 
     assert done.returncode == 0, explain(done)
-    assert '"status": "CompletedSuccessfully"' in done.stdout, explain(done)
-    (job,) = stored_jobs(storage_url, "pipelines", "default")
+    assert submitted_json(done.stdout)["status"] == "CompletedSuccessfully", explain(done)
+    (job,) = stored_jobs(storage_url, scope, "default")
     assert job.progress.successful_steps == 4
+
+
+@pytest.mark.timeout(SUBMIT_TEST_SECONDS)
+def test_ray_job_submit__no_wait_then_a_second_submission_sees_the_job_finish(
+    ray_head: RayHead, tmp_path: Path, storage_url: str
+) -> None:
+    request = write_request(tmp_path, {"names": ["ada", "grace", "linus"]})
+    submission = f"cr-acceptance-{uuid.uuid4().hex[:8]}"
+
+    submitted = ray_head.ray_job(
+        "submit", "--submission-id", submission, "--no-wait", "--",
+        "choreography-ray", "run", JOB_TYPE, "--request", str(request),
+        "--storage", storage_url, "--scope", fresh_scope(), "--timeout", "120",
+    )  # fmt: skip
+    assert submitted.returncode == 0, explain(submitted)
+    assert submission in submitted.stdout + submitted.stderr, explain(submitted)
+
+    # The entrypoint says which job it started, in the Ray job's logs.
+    logs: list[subprocess.CompletedProcess[str]] = []
+
+    def started_job() -> str | None:
+        logs[:] = [ray_head.ray_job("logs", submission)]
+        match = re.search(r"started job ([0-9a-f]{32})", logs[0].stdout + logs[0].stderr)
+        return match.group(1) if match else None
+
+    try:
+        job_id = eventually(started_job, SUBMITTED_JOB_SECONDS, "the job id in the logs", 1.0)
+    finally:  # pytest shows what a failed test printed: here, the last logs read
+        print(explain(logs[0]) if logs else "no `ray job logs`")
+
+    # A second submission, of a command that reads the stored job, until the job has finished.
+    def finished() -> dict[str, Any] | None:
+        shown = ray_head.ray_job(
+            "submit", "--",
+            # becomes jobs show ID
+            "choreography-ray", "status", job_id, "--storage", storage_url, "--json",
+        )  # fmt: skip
+        assert shown.returncode == 0, explain(shown)
+        state = submitted_json(shown.stdout)
+        return state if state["status"] in TERMINAL else None
+
+    state = eventually(finished, SUBMITTED_JOB_SECONDS, "a submission that sees the job end", 1.0)
+    assert state["status"] == "CompletedSuccessfully", state
+    assert state["id"] == job_id
+    assert state["progress"]["successful_steps"] == 3
+
+    # The first submission's Ray job ended with its entrypoint, which waited for the job.
+    def first_ended() -> str | None:
+        asked = ray_head.ray_job("status", submission)
+        ended = re.search(rf"Job '{submission}' (succeeded|failed|was stopped)", asked.stdout)
+        return ended.group(1) if ended else None
+
+    ended = eventually(first_ended, SUBMITTED_JOB_SECONDS, "the first Ray job to end", 1.0)
+    assert ended == "succeeded"
+
+
+#: Users without the cluster's token, and what `ray job submit` shows them on stderr (the last
+#: line of a traceback, `ray.exceptions.AuthenticationError: ...`): the variables each sets on
+#: top of a home without `~/.ray/auth_token` and none of the head's RAY_AUTH_* variables.
+WITHOUT_THE_TOKEN = {
+    "no-auth-mode": (
+        {},
+        ["Authentication required: Unauthorized: Missing authentication token",
+         "Note: RAY_AUTH_MODE is currently 'disabled' (not 'token')"],
+    ),
+    "auth-mode-token-no-token-file": (
+        {"RAY_AUTH_MODE": "token"},
+        ["Token authentication is enabled but Ray couldn't find an authentication token",
+         "set RAY_AUTH_TOKEN_PATH to point to it"],
+    ),
+    "wrong-token": (
+        {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+        ["Authentication failed: Forbidden: Invalid authentication token",
+         "the authentication token is invalid or incorrect"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WITHOUT_THE_TOKEN))
+@pytest.mark.timeout(SUBMIT_TEST_SECONDS)
+def test_ray_job_submit__without_the_token_fails_clearly_and_nothing_runs(
+    case: str, ray_head: RayHead, tmp_path: Path, storage_url: str
+) -> None:
+    variables, expected = WITHOUT_THE_TOKEN[case]
+    env = {k: v for k, v in ray_head.env.items() if not k.startswith("RAY_AUTH_")}
+    env["HOME"] = str(tmp_path / "home")
+    env.update(variables)
+    request = write_request(tmp_path, {"names": ["ada"]})
+    submission = f"cr-acceptance-{uuid.uuid4().hex[:8]}"
+
+    done = ray_head.ray_job(
+        "submit", "--submission-id", submission, "--",
+        "choreography-ray", "run", JOB_TYPE, "--request", str(request),
+        "--storage", storage_url,
+        env=env,
+    )  # fmt: skip
+
+    assert done.returncode == 1, explain(done)
+    for line in expected:
+        assert line in done.stderr, explain(done)
+    # Nothing ran: the cluster has no such submission, and the storage was never opened.
+    listed = ray_head.ray_job("list")
+    assert listed.returncode == 0, explain(listed)
+    assert submission not in listed.stdout
+    assert not Path(storage_url.removeprefix("sqlite:///")).exists()

@@ -18,26 +18,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from choreography_ray.storage import Storage, open_storage, redact_url
-from tests.support import free_port
+from tests.support import free_port, missing_service
 
 MONGODB_URI_ENV = "CHOREOGRAPHY_MONGODB_URI"
 #: How long a started nx-27017 server may take to accept connections, in seconds.
 SERVER_START_SECONDS = 30.0
 #: How long the server may take to exit once asked to, in seconds.
 SERVER_STOP_SECONDS = 10.0
-
-
-def missing_service(reason: str) -> NoReturn:
-    """Skip locally; in CI a missing service is a failure, not a silent skip."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true, so this fails instead of skipping)", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.report import metrics_table
-from benchmarks.results import BenchReport, MetricsRun
+from choreography_ray.bench.report import metrics_table
+from choreography_ray.bench.results import BenchReport, MetricsRun
 
 
 def run(repeat: int, on: float, off: float) -> MetricsRun:

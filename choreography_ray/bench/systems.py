@@ -1,6 +1,6 @@
 """The systems the harness measures, each as one function: the durable job, bare Ray tasks,
 one detached actor per step, the storage ceiling, a resume after the job actor is killed, and
-the latency of a 1-step job. `benchmarks/harness.py` runs them in rounds.
+the latency of a 1-step job. `harness.py` runs them in rounds.
 
 A durable job's end is observed by polling its record through the jobs-manager actor every
 `POLL_SECONDS` (`JobsManager.wait` backs off to 0.5 s between polls, too coarse to time with).
@@ -24,8 +24,8 @@ from typing import Any
 import ray
 
 import choreography_ray as cr
-from benchmarks.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
-from benchmarks.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
+from choreography_ray.bench.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
+from choreography_ray.bench.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
 from choreography_ray.client import settled
 from choreography_ray.model import Lease, StatusChange, StepState, utcnow
 from choreography_ray.runtime.names import job_name, manager_name

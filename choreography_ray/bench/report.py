@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.results import BenchReport, Memory
+from choreography_ray.bench.results import BenchReport, Memory
 
 MIB = 1024 * 1024
 

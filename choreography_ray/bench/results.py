@@ -18,7 +18,7 @@ def _rate(steps: int, seconds: float) -> float | None:
 
 @dataclass(kw_only=True)
 class Memory:
-    """The highest sums of RSS seen during the measurement (see `benchmarks/rss.py`)."""
+    """The highest sums of RSS seen during the measurement (see `rss.py`)."""
 
     #: The Ray worker processes (actors and task workers).
     peak_rss_workers_bytes: int = 0

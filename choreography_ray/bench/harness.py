@@ -3,21 +3,23 @@ one run, on one local Ray cluster started here.
 
 A *round* measures, for each number of steps, one after another:
 
-1. the durable job (`benchmarks/workloads.py:BenchJob`) on each storage, from `start` to a
-   terminal status;
+1. the durable job (`workloads.py:BenchJob`) on each storage, from `start` to a terminal
+   status;
 2. as many bare Ray tasks (`@ray.remote` no-op), submitted and gathered;
 3. the storage ceiling on each storage: the provider's raw bulk insert + update + delete of as
    many step records;
 
 and once per round, one detached Ray actor per step on a sample, extrapolated. With `repeat`
 rounds, odd rounds run in the reverse order, so that neither side always goes first on a
-machine that warms up or gets busier. Peak memory is sampled throughout (`benchmarks/rss.py`).
+machine that warms up or gets busier. Peak memory is sampled throughout (`rss.py`).
 The extra scenarios (a resume after the job actor is killed halfway, the latency of a 1-step
 job, the same job with metrics on and off) run after the rounds.
 
+It ships in the package, so an installed wheel runs it: the Ray workers import the job and
+step types (`choreography_ray.bench.workloads`) from wherever `choreography_ray` is installed.
 Usable without the CLI:
 
-    from benchmarks.harness import BenchConfig, run
+    from choreography_ray.bench import BenchConfig, run
     report = run(BenchConfig(steps=(1_000, 10_000)))
 """
 
@@ -28,6 +30,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,11 +42,17 @@ from typing import Any
 import ray
 
 import choreography_ray as cr
-from benchmarks import systems
-from benchmarks.results import BareTasksRun, BenchReport, DurableRun, Memory, MetricsRun
-from benchmarks.rss import Peak, RssSampler, total_memory
-from benchmarks.systems import STALL_SECONDS
-from benchmarks.workloads import BenchRequest
+from choreography_ray.bench import systems
+from choreography_ray.bench.results import (
+    BareTasksRun,
+    BenchReport,
+    DurableRun,
+    Memory,
+    MetricsRun,
+)
+from choreography_ray.bench.rss import Peak, RssSampler, total_memory
+from choreography_ray.bench.systems import STALL_SECONDS
+from choreography_ray.bench.workloads import BenchRequest
 from choreography_ray.storage import redact_url
 
 #: The Ray namespace of the benchmark's actors.
@@ -52,8 +61,9 @@ RAY_NAMESPACE = "choreography-bench"
 LEASE_SECONDS = 30.0
 #: Steps of the untimed job each storage runs first (imports, step hosts, connections).
 WARMUP_STEPS = 100
-#: The repository root: `benchmarks` is imported from here, by the driver and by Ray workers.
-REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The directory that holds the `choreography_ray` package: a source checkout's root, or an
+#: environment's site-packages.
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 Log = Callable[[str], None]
 
@@ -121,30 +131,47 @@ def machine() -> dict[str, Any]:
 
 
 def _source() -> dict[str, Any]:
-    """The commit measured, and whether the checkout had changes on top of it."""
+    """The commit measured, and whether the checkout had changes on top of it; nothing when the
+    package is installed (a wheel in site-packages, even one inside some git work tree)."""
 
     def git(*args: str) -> str:
-        completed = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
-        )
+        try:
+            completed = subprocess.run(
+                ["git", "-C", str(PACKAGE_PARENT), *args],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except OSError:  # no git on this machine
+            return ""
         return completed.stdout.strip() if completed.returncode == 0 else ""
 
-    commit = git("rev-parse", "HEAD")
-    if not commit:
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != PACKAGE_PARENT:
         return {}
-    return {"git_commit": commit, "git_dirty": bool(git("status", "--porcelain"))}
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain"))}
+
+
+def _worker_paths() -> list[str]:
+    """`PYTHONPATH` for the Ray workers: the driver's, with this package's parent first when it
+    is a source checkout (not installed), so that the workers import the same `choreography_ray`
+    (the job and step types are stored by import path). An installed package is on every
+    worker's path already, and site-packages must not be put before the standard library."""
+    paths = list(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    installed = {Path(sysconfig.get_path(kind)).resolve() for kind in ("purelib", "platlib")}
+    if PACKAGE_PARENT not in installed:
+        paths.insert(0, str(PACKAGE_PARENT))
+    return list(dict.fromkeys(paths))
 
 
 @contextmanager
 def local_ray() -> Iterator[None]:
-    """A fresh local Ray whose workers import `benchmarks` from `REPO_ROOT` (the job and step
-    types are stored by import path). An already initialized Ray is used as it is."""
+    """A fresh local Ray, stopped at the end. An already initialized Ray is used as it is."""
     if ray.is_initialized():
         yield
         return
-    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     previous = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONWARNINGS")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ["PYTHONPATH"] = os.pathsep.join(_worker_paths())
     # Ray 2.60's `was_current_actor_reconstructed` (asked by every job actor as it starts)
     # warns about Ray's own use of a deprecated property; once per job floods the output.
     os.environ["PYTHONWARNINGS"] = ",".join(
