@@ -21,7 +21,6 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from choreography_ray.dashboard.actions import ActionRefused, JobOperation
-from choreography_ray.dashboard.security import Refused
 from choreography_ray.dashboard.site import Site, site_of
 from choreography_ray.model import JobState, utcnow
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
@@ -274,22 +273,16 @@ def _operation(request: Request) -> JobOperation | None:
         return None
 
 
-def no_actions(site: Site, request: Request) -> Response:
-    return site.error(request, 403, "Actions are off", "This dashboard was started without "
-                      "--address, so it cannot reach the jobs managers: it only reads "
-                      "storage.")  # fmt: skip
-
-
 async def confirm_job_operation(request: Request) -> Response:
     site = site_of(request)
     op = _operation(request)
     if op is None:
-        return site.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+        return site.not_a_page(request)
     state = await _job(site, request)
     if isinstance(state, Response):
         return state
     if site.actions is None:
-        return no_actions(site, request)
+        return site.no_actions(request)
     return _confirmation(site, request, state, op)
 
 
@@ -310,19 +303,16 @@ async def do_job_operation(request: Request) -> Response:
     site = site_of(request)
     op = _operation(request)
     if op is None:
-        return site.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+        return site.not_a_page(request)
     form = await request.form()
-    try:
-        site.guard.check_action(request, form)
-    except Refused as refused:
-        return site.error(request, refused.status, "Not allowed", refused.reason)
-    if site.actions is None:
-        return no_actions(site, request)
+    actions = site.actions_for(request, form)
+    if isinstance(actions, Response):
+        return actions
     state = await _job(site, request)
     if isinstance(state, Response):
         return state
     try:
-        message = await site.actions.operate(state.scope, state.namespace, state.id, op)
+        message = await actions.operate(state.scope, state.namespace, state.id, op)
     except ActionRefused as refused:
         return _confirmation(site, request, state, op, refused)
     target = "/" if op is JobOperation.REMOVE else f"/jobs/{state.id}"

@@ -17,8 +17,6 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from choreography_ray.dashboard.actions import ActionRefused, DeadLetterOperation
-from choreography_ray.dashboard.jobs import no_actions
-from choreography_ray.dashboard.security import Refused
 from choreography_ray.dashboard.site import Site, seconds, site_of
 from choreography_ray.scheduler import cycle
 from choreography_ray.scheduler.manifest_manager import gather
@@ -166,12 +164,12 @@ async def confirm_dead_letter(request: Request) -> Response:
     site = site_of(request)
     op = _operation(request)
     if op is None:
-        return site.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+        return site.not_a_page(request)
     letter = await _dead_letter(site, request)
     if isinstance(letter, Response):
         return letter
     if site.actions is None:
-        return no_actions(site, request)
+        return site.no_actions(request)
     return _confirmation(site, request, letter, op)
 
 
@@ -179,14 +177,11 @@ async def do_dead_letter(request: Request) -> Response:
     site = site_of(request)
     op = _operation(request)
     if op is None:
-        return site.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+        return site.not_a_page(request)
     form = await request.form()
-    try:
-        site.guard.check_action(request, form)
-    except Refused as refused:
-        return site.error(request, refused.status, "Not allowed", refused.reason)
-    if site.actions is None:
-        return no_actions(site, request)
+    actions = site.actions_for(request, form)
+    if isinstance(actions, Response):
+        return actions
     letter = await _dead_letter(site, request)
     if isinstance(letter, Response):
         return letter
@@ -194,12 +189,12 @@ async def do_dead_letter(request: Request) -> Response:
     try:
         if op is DeadLetterOperation.REQUEUE:
             afresh = form.get("ask_afresh") == "on"
-            message = await site.actions.requeue(letter.scope, letter.id, afresh)
+            message = await actions.requeue(letter.scope, letter.id, afresh)
         elif not note:
             needed = ActionRefused("NoteRequired", "an acknowledgement needs a note: say why")
             return _confirmation(site, request, letter, op, needed)
         else:
-            message = await site.actions.acknowledge(letter.scope, letter.id, note)
+            message = await actions.acknowledge(letter.scope, letter.id, note)
     except ActionRefused as refused:
         return _confirmation(site, request, letter, op, refused, note)
     target = _link("/schedules/dead-letters", scope=letter.scope)

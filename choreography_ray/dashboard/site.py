@@ -19,7 +19,7 @@ from starlette.templating import Jinja2Templates
 
 from choreography_ray.dashboard.actions import Actions
 from choreography_ray.dashboard.progress import Bar, RateTracker
-from choreography_ray.dashboard.security import Guard
+from choreography_ray.dashboard.security import Guard, Refused
 from choreography_ray.model import JobProgress, StageProgress, utcnow
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import Storage, redact_url
@@ -85,6 +85,23 @@ class Site:
     def error(self, request: Request, status_code: int, title: str, message: str) -> Response:
         context = {"title": title, "message": message, "status_code": status_code}
         return self.render(request, "error.html", context, status_code)
+
+    def not_a_page(self, request: Request) -> Response:
+        return self.error(request, 404, "No such page", f"{request.url.path} is not a page here.")
+
+    def no_actions(self, request: Request) -> Response:
+        return self.error(request, 403, "Actions are off", "This dashboard was started without "
+                          "--address, so it cannot reach the jobs managers: it only reads "
+                          "storage.")  # fmt: skip
+
+    def actions_for(self, request: Request, form: Mapping[str, Any]) -> Actions | Response:
+        """The actions a POSTed action runs through; the error page when it may not run (its
+        token or CSRF check fails, or actions are off)."""
+        try:
+            self.guard.check_action(request, form)
+        except Refused as refused:
+            return self.error(request, refused.status, "Not allowed", refused.reason)
+        return self.no_actions(request) if self.actions is None else self.actions
 
     def flash(self, response: Response, message: str) -> None:
         """A message the next page shows once (after a redirect)."""
