@@ -77,6 +77,9 @@ class JobsOptions(BaseModel):
     max_concurrent_cleanup: int | None = Field(default=4, ge=1)
     #: Record metrics through `ray.util.metrics` (docs/metrics.md); off records nothing.
     metrics: bool = True
+    #: Job actors each jobs manager keeps created ahead for the next jobs it starts, so a start
+    #: does not wait for an actor to be created (docs/jobs.md); 0 = none.
+    spare_job_actors: int = Field(default=1, ge=0)
     #: The scheduler's options: its loops, retry backoff, failure window and dead letters.
     scheduler: SchedulerOptions = SchedulerOptions()
 

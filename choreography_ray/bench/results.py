@@ -155,6 +155,7 @@ class LatencyResult:
     runs: int
     p50_seconds: float
     p90_seconds: float
+    p99_seconds: float
     min_seconds: float
     max_seconds: float
     wait_p50_seconds: float

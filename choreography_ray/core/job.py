@@ -133,10 +133,19 @@ class JobCore:
         self._first_stage_failed = 0
         self._wake = asyncio.Event()
         self._loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._begun = False
 
     # -- activation ---------------------------------------------------------------------------
 
+    def begin(self, reconstructed: bool = False) -> None:
+        """Activates the job in a named task, once: when its actor is created, or for a spare
+        actor (created ahead of its job) at its first call."""
+        if not self._begun:
+            self.tasks.spawn("activate", self.activate(reconstructed))
+            self._begun = True
+
     async def activate(self, reconstructed: bool) -> None:
+        self._begun = True
         try:
             async with self.turns.turn("activate"):
                 await self._load()
@@ -223,6 +232,7 @@ class JobCore:
 
     async def ready(self) -> JobState:
         """The state, once loaded: a read-only query, beside turns."""
+        self.begin()
         await asyncio.shield(self._loaded)
         if self.state is None:
             raise JobOperationError(ResumeJobError.UNKNOWN, f"job {self.job_id} does not exist")

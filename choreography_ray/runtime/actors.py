@@ -49,13 +49,16 @@ def recovery_actor(ray_namespace: str) -> Any:
     ).remote(ray_namespace)
 
 
-def job_actor(job_id: str, storage_url: str, options_json: str, ray_namespace: str) -> Any:
-    """`job/{job_id}`: the job's activation, loaded from storage when the actor is created."""
+def job_actor(
+    job_id: str, storage_url: str, options_json: str, ray_namespace: str, spare: bool = False
+) -> Any:
+    """`job/{job_id}`: the job's activation, loaded from storage when the actor is created, or
+    at its first call when it is a `spare` created ahead of its job."""
     from choreography_ray.runtime.job_actor import JobActor
 
     return JobActor.options(  # type: ignore[attr-defined]
         **actor_options(job_name(job_id), ray_namespace)
-    ).remote(job_id, storage_url, options_json, ray_namespace)
+    ).remote(job_id, storage_url, options_json, ray_namespace, spare)
 
 
 def scheduler_actor(scope: str, storage_url: str, options_json: str, ray_namespace: str) -> Any:

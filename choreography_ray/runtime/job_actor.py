@@ -20,6 +20,7 @@ import ray
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.metrics import NO_METRICS, Metrics
 from choreography_ray.core.retries import STANDARD
+from choreography_ray.core.spares import SPARE_SECONDS
 from choreography_ray.errors import StartJobError
 from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import JobState
@@ -43,7 +44,9 @@ LAST_RELAY_SECONDS = 5.0
 
 @ray.remote
 class JobActor:
-    def __init__(self, job_id: str, storage_url: str, options_json: str, namespace: str) -> None:
+    def __init__(
+        self, job_id: str, storage_url: str, options_json: str, namespace: str, spare: bool = False
+    ) -> None:
         configure_actor(job_id)  # this process serves one job: its records are that job's
         options = JobsOptions.model_validate_json(options_json)
         storage = open_shared_storage(storage_url, namespace)
@@ -66,7 +69,12 @@ class JobActor:
         with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
             warnings.simplefilter("ignore")
             reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
-        self.core.tasks.spawn("activate", self.core.activate(reconstructed))
+        if spare and not reconstructed:
+            # Created ahead of its job (`spare_job_actors`): it activates at its first call, or
+            # after SPARE_SECONDS, when a spare nobody took finds no record and exits.
+            asyncio.get_running_loop().call_later(SPARE_SECONDS, self.core.begin)
+        else:
+            self.core.begin(reconstructed)
 
     def _exit_soon(self) -> None:
         asyncio.get_running_loop().call_later(
@@ -131,6 +139,9 @@ class JobActor:
 
     async def state(self) -> JobState:
         return await self.core.ready()
+
+    async def ping(self) -> None:
+        """Answers once the actor is up (a spare's manager waits for it)."""
 
     async def watchdog_ticks(self) -> int:
         return self.core.ticks

@@ -37,6 +37,7 @@ from choreography_ray.core.metrics import (
 )
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
 from choreography_ray.core.retries import STANDARD
+from choreography_ray.core.spares import SPARE_SECONDS, Spares
 from choreography_ray.core.stages import Stages
 from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
@@ -86,6 +87,7 @@ class ManagerCore:
         #: (a rehydration would fail them for their missing plan before their start ran).
         self._starting: set[str] = set()
         self._ray_namespace = ray_namespace
+        self.spares = Spares(self.options.spare_job_actors, SPARE_SECONDS / 2)
         self.claims = Claims()
         self.cleanup = Cleanup(
             self.storage,
@@ -139,7 +141,7 @@ class ManagerCore:
             validated = cls.request_type().model_validate(request)
         except ValidationError as error:
             raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
-        job_id = job_id or uuid.uuid4().hex
+        job_id = job_id or self.spares.take(time.monotonic()) or uuid.uuid4().hex
         state = JobState(
             id=job_id,
             scope=self.key.scope,
@@ -164,10 +166,31 @@ class ManagerCore:
                     WriteOperation.CREATE_JOB,
                 )
                 actor = await self.job_actor(job_id)
+                self._refill_spares()
                 start_error: StartJobError | None = await actor.start.remote()
         finally:
             self._starting.discard(job_id)
         return job_id, start_error
+
+    def _refill_spares(self) -> None:
+        """Creates the spare job actors missing, in a named task (one at a time)."""
+        if self.spares.missing() <= 0 or self.spares.creating:
+            return
+
+        async def refill() -> None:
+            while self.spares.missing() > 0:
+                job_id = uuid.uuid4().hex
+                self.spares.creating += 1
+                try:
+                    handle = await asyncio.to_thread(
+                        actors.job_actor, job_id, *self._job_args, spare=True
+                    )
+                    await handle.ping.remote()
+                finally:
+                    self.spares.creating -= 1
+                self.spares.add(job_id, time.monotonic())
+
+        self.tasks.spawn("spare job actors", refill())
 
     async def get(self, job_id: str) -> JobState:
         state = await self._owned(job_id)

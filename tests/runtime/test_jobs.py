@@ -9,6 +9,7 @@ those records and on storage, never on the runtime's internals.
 from __future__ import annotations
 
 import time
+import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -20,6 +21,7 @@ import ray
 
 import choreography_ray as cr
 from choreography_ray.runtime.messages import Outcome
+from tests.runtime.conftest import FAST
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.scenario_jobs import (
     BestEffortPlanJob,
@@ -645,3 +647,42 @@ def test_key_catalog__records_every_manager_key(connect, scope, storage_url, fil
     keys = in_storage(storage_url, lambda s: s.list_manager_keys())
     assert {cr.JobsManagerKey(scope=scope, namespace=n) for n in ("alpha", "beta")} <= set(keys)
     assert all(k.scope == scope for k in keys)
+
+
+def job_actor_names() -> set[str]:
+    return {
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == RAY_NAMESPACE and actor["name"].startswith("job/")
+    }
+
+
+def test_spare_job_actor__the_next_start_takes_it_and_a_spare_without_a_job_exits(
+    connect, scope, files, storage_url
+) -> None:
+    from choreography_ray.runtime import actors
+
+    manager = connect(spare_job_actors=1).manager(scope, "spares")
+    before = job_actor_names()
+    first = manager.start(PlanJob, files.request([files.probe(0)]))
+    manager.wait(first.job_id, timeout=WAIT)
+    # The first start had the manager create a spare: a job actor for an id with no record.
+    spare = eventually(
+        lambda: job_actor_names() - before - {f"job/{first.job_id}"}, what="a spare job actor"
+    )
+    assert len(spare) == 1
+    spare_id = spare.pop().removeprefix("job/")
+    assert in_storage(storage_url, lambda s: s.get_job(spare_id)) is None
+
+    second = manager.start(PlanJob, files.request([files.probe(1)]))
+    assert second.job_id == spare_id
+    assert manager.wait(second.job_id, timeout=WAIT).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert sorted(r["n"] for r in files.step_records()) == [0, 1]
+
+    # A spare whose job never comes answers its first call "does not exist", and exits.
+    orphan_id = uuid.uuid4().hex
+    options = cr.JobsOptions(**FAST).model_dump_json()
+    orphan = actors.job_actor(orphan_id, storage_url, options, RAY_NAMESPACE, spare=True)
+    with pytest.raises(Exception, match="does not exist"):
+        ray.get(orphan.state.remote(), timeout=WAIT)
+    eventually(partial(actor_is_gone, f"job/{orphan_id}"), what="the spare's exit")

@@ -1,0 +1,29 @@
+from choreography_ray.core.spares import Spares
+
+
+def test_take__the_oldest_spare_young_enough__older_ones_are_forgotten() -> None:
+    spares = Spares(size=3, max_age=10.0)
+    spares.add("old", created=0.0)
+    spares.add("young", created=5.0)
+    spares.add("newest", created=8.0)
+
+    assert spares.take(now=12.0) == "young"  # "old" is 12 s old: forgotten
+    assert spares.take(now=12.0) == "newest"
+    assert spares.take(now=12.0) is None
+
+
+def test_missing__counts_spares_ready_and_being_created() -> None:
+    spares = Spares(size=2, max_age=10.0)
+    assert spares.missing() == 2
+    spares.creating = 1
+    assert spares.missing() == 1
+    spares.add("a", created=0.0)
+    assert spares.missing() == 0
+    assert spares.take(now=1.0) == "a"
+    assert spares.missing() == 1
+
+
+def test_size_zero__never_creates_or_gives_one() -> None:
+    spares = Spares(size=0, max_age=10.0)
+    assert spares.missing() == 0
+    assert spares.take(now=0.0) is None

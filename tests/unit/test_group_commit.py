@@ -1,0 +1,87 @@
+"""The group commit without a cluster: one round writes every writer's records once, leaves out
+the update of a record it also deletes, and fails every writer when its write fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+
+import pytest
+
+from choreography_ray.model import StepState
+from choreography_ray.runtime.group_commit import GroupCommit
+from choreography_ray.status import StepStatus
+from choreography_ray.storage import PlannedStep, StepUpdate
+from choreography_ray.storage.memory import MemoryStorage
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class CountingStorage(MemoryStorage):
+    """Memory storage that keeps each bulk call's records, and can refuse the next ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.updated: list[list[str]] = []
+        self.deleted: list[list[str]] = []
+        self.refuse = 0
+
+    async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
+        self._maybe_refuse()
+        self.updated.append([u.step_id for u in updates])
+        await super().update_steps(updates)
+
+    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+        self._maybe_refuse()
+        self.deleted.append(sorted(step_ids))
+        await super().delete_steps(job_id, step_ids)
+
+    def _maybe_refuse(self) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise ConnectionError("storage refused the write")
+
+
+def running(step_id: str) -> StepUpdate:
+    return StepUpdate("j", step_id, StepStatus.RUNNING, 1)
+
+
+async def stored(*step_ids: str) -> CountingStorage:
+    """Storage holding job "j"'s plan of these steps."""
+    storage = CountingStorage()
+    await storage.insert_plan("j", [PlannedStep(s, "pkg:Step", 0, "{}") for s in step_ids])
+    return storage
+
+
+def test_a_round__skips_the_update_of_a_record_it_deletes__writes_each_call_once() -> None:
+    async def scenario() -> None:
+        storage = await stored("a", "b", "c")
+        commit = GroupCommit(storage, 0.001)
+        started = commit.join([running("a"), running("b"), running("c")])
+        # "a" succeeds and "b" fails before the round is flushed; "c" still runs.
+        failed = StepUpdate("j", "b", StepStatus.FAILED, 1)
+        await asyncio.gather(commit.write(deletes=[("j", "a")]), commit.write([failed]))
+        await started
+
+        assert storage.updated == [["b", "c", "b"]]  # no RUNNING write for "a"
+        assert storage.deleted == [["a"]]
+        steps: dict[str, StepState] = storage.steps["j"]
+        assert sorted(steps) == ["b", "c"]
+        assert (steps["b"].status, steps["c"].status) == (StepStatus.FAILED, StepStatus.RUNNING)
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_round__fails_every_writer__the_next_round_writes_again() -> None:
+    async def scenario() -> None:
+        storage = await stored("a")
+        storage.refuse = 1
+        commit = GroupCommit(storage, 0.001)
+        started = commit.join([running("a")])
+        with pytest.raises(ConnectionError):
+            await asyncio.gather(started, commit.write(deletes=[("j", "a")]))
+        await commit.write(deletes=[("j", "a")])
+        assert storage.deleted == [["a"]]
+        assert "j" not in storage.steps or not storage.steps["j"]
+
+    asyncio.run(scenario())
