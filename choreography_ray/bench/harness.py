@@ -235,7 +235,7 @@ class _Session:
     def bare(self, repeat: int, steps: int) -> None:
         self.log(f"bare Ray tasks: {steps:,}")
         with self.sampler.measure() as peak:
-            seconds = systems.bare_tasks(steps)
+            seconds = systems.bare_tasks(steps, self.config.step_ms)
         run = BareTasksRun(repeat=repeat, steps=steps, seconds=seconds)
         _with_memory(run, peak)
         self.report.bare_tasks.append(run)

@@ -145,14 +145,16 @@ def _counted(state: cr.JobState) -> int:
 
 
 @ray.remote
-def _noop() -> None:
-    return None
+def _task(ms: float) -> None:
+    if ms:
+        time.sleep(ms / 1000)
 
 
-def bare_tasks(steps: int) -> float:
-    """Seconds to submit `steps` no-op tasks and gather their results."""
+def bare_tasks(steps: int, step_ms: float = 0.0) -> float:
+    """Seconds to submit `steps` tasks, each sleeping `step_ms` (as a step does with
+    `--step-ms`; a task holds its CPU while it sleeps), and gather their results."""
     began = time.perf_counter()
-    ray.get([_noop.remote() for _ in range(steps)])
+    ray.get([_task.remote(step_ms) for _ in range(steps)])
     return time.perf_counter() - began
 
 

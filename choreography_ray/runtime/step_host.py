@@ -151,12 +151,8 @@ class StepHostCore:
             await self._room.wait_for(
                 lambda: not self.running or len(self.running) + len(steps) <= self.capacity
             )
-            earlier = [
-                s.step_id
-                for s in steps
-                if (job_id, s.step_id) in self.running
-                and self.running[job_id, s.step_id][0].attempt != s.attempt
-            ]
+            here = [(s, self.running.get((job_id, s.step_id))) for s in steps]
+            earlier = [s.step_id for s, run in here if run and run[0].attempt != s.attempt]
             if earlier:
                 # The job counted an earlier attempt from storage while this host still
                 # persists it: the new attempt must not pass for running here.
@@ -164,9 +160,9 @@ class StepHostCore:
                     f"steps {earlier[:5]} of job {job_id} still finish an earlier attempt on "
                     "this host; start them again later"
                 )
-            steps = [s for s in steps if (job_id, s.step_id) not in self.running]
-            for step in steps:
-                key = (job_id, step.step_id)
+            steps = [s for s, run in here if run is None]
+            keys = [(job_id, s.step_id) for s in steps]
+            for key, step in zip(keys, steps, strict=True):
                 self.running[key] = (
                     StepContext(job_id, step.step_id, step.stage, step.attempt, tenant.decisions),
                     None,
@@ -175,7 +171,6 @@ class StepHostCore:
             self._hold(job_id, len(steps))
         change = StatusChange(status=StepStatus.RUNNING)
         lease = self.lease(tenant)
-        keys = [(job_id, s.step_id) for s in steps]
         self.unwritten.update(keys)
         written = tenant.commit.join(
             [
