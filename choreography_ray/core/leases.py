@@ -39,7 +39,7 @@ async def expired(
     gone: dict[str, bool] = {}
     stale: list[StepStart] = []
     # The active steps' records, read by id: the cost follows what runs, not the job's size.
-    records = await storage.get_steps(job_id, active)
+    records = await storage.get_steps(job_id, list(active))
     for step_id in sorted(records):
         step, entry = records[step_id], active[step_id]
         if step.status is not StepStatus.RUNNING or step.stage != stage:

@@ -71,7 +71,7 @@ async def lost_reports(
     read by id."""
     if not active:
         return []
-    records = await storage.get_steps(job_id, active)
+    records = await storage.get_steps(job_id, list(active))
     return [
         outcome
         for step_id, (start, _host) in active.items()
