@@ -71,6 +71,7 @@ given credentials, pymongo fails with a KeyError inside its SCRAM conversation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import threading
@@ -200,7 +201,10 @@ def _lay_out_indexes(db: Database[Doc]) -> None:
         superseded = {tuple(fields.split()) for fields in old}
         for index in db[name].list_indexes():
             if tuple(index["key"]) in superseded:
-                db[name].drop_index(index["name"])
+                # Dropped by another instance meanwhile, or a user without the right to drop
+                # indexes: the old index only costs its upkeep, so it stays.
+                with contextlib.suppress(mongo.OperationFailure):
+                    db[name].drop_index(index["name"])
 
 
 def _fill_status_since(db: Database[Doc], scope: str, namespace: str) -> None:
