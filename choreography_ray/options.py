@@ -27,7 +27,8 @@ class JobsOptions(BaseModel):
     step_delivery_retry_delay: Duration = timedelta(seconds=1)
     #: The longest delay between two deliveries.
     max_step_delivery_retry_delay: Duration = timedelta(seconds=30)
-    #: How often a running job recounts its steps; zero, negative or infinite turns it off.
+    #: How often a running job checks its active steps and its stage in storage; zero, negative
+    #: or infinite turns it off.
     job_watchdog_interval: Duration = timedelta(seconds=60)
     #: Attempts per step; 1 = a step never retries. Values below 1 are treated as 1.
     max_step_attempts: int = 1

@@ -53,7 +53,6 @@ from choreography_ray.core.watchdog import (
     lost_reports,
     stage_done_in_storage,
     stored_outcome,
-    stored_records,
 )
 from choreography_ray.core.window import Window
 from choreography_ray.errors import (
@@ -69,7 +68,7 @@ from choreography_ray.errors import (
 )
 from choreography_ray.job import Job, StepSpec
 from choreography_ray.logs import get_logger, ids
-from choreography_ray.model import JobState, ResumeAfter, StatusChange, StepState
+from choreography_ray.model import JobState, ResumeAfter, StatusChange
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
@@ -431,9 +430,7 @@ class JobCore:
 
     async def _forget_stored_outcomes(self, stage: int) -> None:
         """After a recount: active steps whose outcome storage holds are counted by it."""
-        for outcome in await lost_reports(
-            self.storage, self.job_id, stage, self._settleable(stage)
-        ):
+        for outcome in await lost_reports(self.storage, self.job_id, self._settleable(stage)):
             entry = self.window.take(outcome.step_id, outcome.attempt)
             if entry is not None and self._dedicated_type(entry[0].type):
                 self.hosts.release(entry[1])
@@ -674,10 +671,8 @@ class JobCore:
         if not failed:
             return
         on_hosts = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
-        unsure = {k: (v, "") for k, v in failed.items() if k not in on_hosts}
-        records: dict[str, StepState] = {}
-        for stage in {start.stage for start, _ in unsure.values()}:
-            records.update(await stored_records(self.storage, self.job_id, stage, unsure))
+        unsure = [step_id for step_id in failed if step_id not in on_hosts]
+        records = await self.storage.get_steps(self.job_id, unsure) if unsure else {}
         self.window.start_failed.clear()
         back: dict[str, list[StepStart]] = defaultdict(list)
         again: list[StepStart] = []
@@ -706,7 +701,7 @@ class JobCore:
                 stage = self._state.stage
                 on_host = {s.step_id for s in self.window.on_host(host)}
                 stored_of_host = {k: v for k, v in self._settleable(stage).items() if k in on_host}
-                await self._settle_stored(stored_of_host, stage)
+                await self._settle_stored(stored_of_host)
                 lost = self.window.on_host(host)
                 if lost and not self.live:
                     # The steps of a stopped job on a gone host will never report their stop.
@@ -744,10 +739,9 @@ class JobCore:
         if not self.stages[stage].is_completed:
             # Nothing runs, yet the counters miss outcomes (reports refused while the job was
             # reactivating, or lost): storage decides, now rather than at the next tick.
-            counts = await self.storage.count_by_status(self.job_id)
-            if not stage_done_in_storage(counts, stage):
+            if not await stage_done_in_storage(self.storage, self.job_id, stage):
                 return
-            self.stages.recount(counts)
+            self.stages.recount(await self.storage.count_by_status(self.job_id))
         await self._stage_done(stage)
 
     def _idle(self) -> bool:
@@ -1096,11 +1090,11 @@ class JobCore:
                 return
         if not self.live:
             return
-        counts = await self.storage.count_by_status(self.job_id)
         stage = self._state.stage
-        if self._idle() and stage_done_in_storage(counts, stage):
-            # Every step of the stage is done in storage: recount from storage and move on.
-            self.stages.recount(counts)
+        if self._idle() and await stage_done_in_storage(self.storage, self.job_id, stage):
+            # Every step of the stage is done in storage: recount from storage and move on (the
+            # recount reads every record of the job, so only then).
+            self.stages.recount(await self.storage.count_by_status(self.job_id))
             await self._stage_done(stage)
             return
         await self._settle_lost_reports(stage)
@@ -1132,7 +1126,7 @@ class JobCore:
     async def _settle_lost_reports(self, stage: int) -> None:
         """Active steps whose outcome storage holds but whose report never arrived (steps whose
         start operation is unanswered have nothing stored yet, and wait)."""
-        await self._settle_stored(self._settleable(stage), stage)
+        await self._settle_stored(self._settleable(stage))
 
     def _settleable(self, stage: int) -> dict[str, tuple[StepStart, str]]:
         """The stage's active steps that may have an outcome stored (a step whose start
@@ -1143,10 +1137,10 @@ class JobCore:
             if entry[0].stage == stage and step_id not in self.window.starting
         }
 
-    async def _settle_stored(self, active: dict[str, tuple[StepStart, str]], stage: int) -> None:
+    async def _settle_stored(self, active: dict[str, tuple[StepStart, str]]) -> None:
         if not active:
             return
-        for outcome in await lost_reports(self.storage, self.job_id, stage, active):
+        for outcome in await lost_reports(self.storage, self.job_id, active):
             log.info("job %s: settling the lost report of step %s", self.job_id, outcome.step_id,
                      extra=ids(self.job_id, outcome.step_id))  # fmt: skip
             self.accept(outcome)

@@ -17,7 +17,7 @@ from choreography_ray.core.hosts import Hosts
 from choreography_ray.model import Lease, utcnow
 from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import StepStatus
-from choreography_ray.storage import Storage, step_pages
+from choreography_ray.storage import Storage
 
 
 async def expired(
@@ -38,18 +38,19 @@ async def expired(
     now = utcnow()
     gone: dict[str, bool] = {}
     stale: list[StepStart] = []
-    async for page in step_pages(storage, job_id, statuses=(StepStatus.RUNNING,), stage=stage):
-        for step in page:
-            entry = active.get(step.step_id)
-            if entry is None:
-                continue
-            if step.lease is None:
-                if now - step.updated > timeout:
-                    stale.append(entry[0])
-            elif now - step.lease.heartbeat > timeout and (
-                step.step_id in owner_lost or await _owner_gone(step.lease, silos, hosts, gone)
-            ):
+    # The active steps' records, read by id: the cost follows what runs, not the job's size.
+    records = await storage.get_steps(job_id, list(active))
+    for step_id in sorted(records):
+        step, entry = records[step_id], active[step_id]
+        if step.status is not StepStatus.RUNNING or step.stage != stage:
+            continue
+        if step.lease is None:
+            if now - step.updated > timeout:
                 stale.append(entry[0])
+        elif now - step.lease.heartbeat > timeout and (
+            step.step_id in owner_lost or await _owner_gone(step.lease, silos, hosts, gone)
+        ):
+            stale.append(entry[0])
     return stale
 
 

@@ -1,21 +1,20 @@
 """The watchdog's rules: what a tick decides, and the resume-hook backoff.
 
-Every `job_watchdog_interval` (and soon after the job activates as RUNNING) a running job counts
-its steps by status in storage with one query. When every step of the stage is done there, it
-recounts from storage and moves on. Otherwise it settles reports that never arrived (an active
-step whose outcome storage holds), starts failed starts again, restarts steps whose lease
-expired, asks a waiting stage's admission again and fills the window. A zero, negative or
-infinite interval turns it off.
+Every `job_watchdog_interval` (and soon after the job activates as RUNNING) a running job that
+has nothing active asks storage whether the stage still has an unfinished step (indexed
+look-ups that stop at the first one). When none is left, it recounts from storage and moves
+on. Otherwise it settles reports that never arrived (an active step whose outcome storage
+holds), starts failed starts again, restarts steps whose lease expired, asks a waiting stage's
+admission again and fills the window. Those read the active steps' records by id: a tick costs
+what runs, never the job's size. A zero, negative or infinite interval turns it off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from choreography_ray.model import StepState
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, UNFINISHED_STEP, StepStatus
-from choreography_ray.storage import StatusCounts, Storage, step_pages
+from choreography_ray.storage import Storage
 
 #: Ticks skipped between retries of a failed `on_before_resuming_job_steps`, by failure count.
 HOOK_SKIPS = (0, 1, 3, 7, 15)
@@ -44,11 +43,9 @@ class HookBackoff:
         self._skip = 0
 
 
-def stage_done_in_storage(counts: StatusCounts, stage: int) -> bool:
+async def stage_done_in_storage(storage: Storage, job_id: str, stage: int) -> bool:
     """Storage holds no unfinished step of the stage."""
-    return not any(
-        n for (s, status), n in counts.items() if s == stage and status in UNFINISHED_STEP
-    )
+    return not await storage.has_steps(job_id, stage, UNFINISHED_STEP)
 
 
 def stored_outcome(start: StepStart, step: StepState | None) -> Outcome | None:
@@ -67,21 +64,14 @@ def stored_outcome(start: StepStart, step: StepState | None) -> Outcome | None:
     return Outcome(step.step_id, step.attempt, step.status, messages[0] if messages else None)
 
 
-async def stored_records(
-    storage: Storage, job_id: str, stage: int, step_ids: Collection[str]
-) -> dict[str, StepState]:
-    """The records of `stage` among `step_ids`: one paged read of the stage's steps."""
-    records: dict[str, StepState] = {}
-    async for page in step_pages(storage, job_id, stage=stage):
-        records.update((step.step_id, step) for step in page if step.step_id in step_ids)
-    return records
-
-
 async def lost_reports(
-    storage: Storage, job_id: str, stage: int, active: dict[str, tuple[StepStart, str]]
+    storage: Storage, job_id: str, active: dict[str, tuple[StepStart, str]]
 ) -> list[Outcome]:
-    """The outcomes storage holds for active steps of `stage` whose report never arrived."""
-    records = await stored_records(storage, job_id, stage, active)
+    """The outcomes storage holds for active steps whose report never arrived: their records
+    read by id."""
+    if not active:
+        return []
+    records = await storage.get_steps(job_id, list(active))
     return [
         outcome
         for step_id, (start, _host) in active.items()

@@ -19,7 +19,8 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
     job_steps           one record per prepared step not yet succeeded. Key: "{job_id}/{step_id}".
                         Fields: job_id, step_id, type, stage, status, attempt, lease {silo,
                         activation, heartbeat}, request, status_changes, updated, schema_version.
-                        Indexes: (job_id, status), (job_id, stage, status), (job_id, step_id).
+                        Indexes: (job_id, status, step_id), (job_id, stage, status, step_id),
+                        (job_id, step_id) (SQLite's end in step_id as its key does).
                         A lease renewal is a conditional write: it sets lease and updated only
                         where status is RUNNING and attempt is the renewal's, so it never undoes
                         an outcome stored meanwhile, nor touches a later attempt.
@@ -226,6 +227,11 @@ class Storage(Protocol):
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None: ...
 
+    async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
+        """The stored records among `step_ids`, by step id (an id without a record is left
+        out): read by key, at most `IDS_PER_READ` ids per query, so the cost follows
+        `len(step_ids)` and not the number of steps the job has."""
+
     async def list_steps(
         self,
         job_id: str,
@@ -250,8 +256,15 @@ class Storage(Protocol):
 
     async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None: ...
 
+    async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
+        """Whether a step of the job's `stage` is stored in one of `statuses`: indexed look-ups
+        that stop at the first record, whatever the job's size (the watchdog asks it every
+        tick)."""
+
     async def count_by_status(self, job_id: str) -> StatusCounts:
-        """The job's stored steps counted by (stage, status), in one aggregate query."""
+        """The job's stored steps counted by (stage, status), through the status indexes; its
+        cost follows the number of records counted (it runs once a stage is done, or on a
+        resume: never per watchdog tick)."""
 
     async def remove_job_steps(self, job_id: str) -> None: ...
 
@@ -278,6 +291,8 @@ class Storage(Protocol):
 
 #: Steps read per page by `step_pages`.
 PAGE = 5_000
+#: Step ids per query of `get_steps`.
+IDS_PER_READ = 500
 
 
 async def step_pages(
@@ -298,6 +313,12 @@ async def step_pages(
         if len(page) < PAGE:
             return
         after = page[-1].step_id
+
+
+def chunks(items: Collection[str], size: int = IDS_PER_READ) -> list[list[str]]:
+    """`items` in lists of at most `size`, for queries with a bounded number of keys."""
+    ordered = list(items)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 def open_storage(url: str, *, read_only: bool = False) -> Storage:
@@ -347,6 +368,7 @@ __all__ = [
     "StepUpdate",
     "Storage",
     "as_utc",
+    "chunks",
     "open_storage",
     "planned_records",
     "redact_url",

@@ -167,6 +167,15 @@ class MemoryStorage:
         step = self.steps.get(job_id, {}).get(step_id)
         return _checked(step, StepState, "job_steps", f"{job_id}/{step_id}")
 
+    async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
+        steps = self.steps.get(job_id, {})
+        found: dict[str, StepState] = {}
+        for step_id in step_ids:
+            step = _checked(steps.get(step_id), StepState, "job_steps", f"{job_id}/{step_id}")
+            if step is not None:
+                found[step_id] = step
+        return found
+
     async def list_steps(
         self,
         job_id: str,
@@ -228,12 +237,24 @@ class MemoryStorage:
         for step_id in step_ids:
             steps.pop(step_id, None)
 
+    async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
+        wanted = frozenset(statuses)
+        return any(step.stage == stage and step.status in wanted for step in self._steps(job_id))
+
     async def count_by_status(self, job_id: str) -> StatusCounts:
         counts: StatusCounts = {}
-        for step in self.steps.get(job_id, {}).values():
+        for step in self._steps(job_id):
             key = (step.stage, step.status)
             counts[key] = counts.get(key, 0) + 1
         return counts
+
+    def _steps(self, job_id: str) -> list[StepState]:
+        """The job's records, each checked as a read checks it."""
+        checked = (
+            _checked(step, StepState, "job_steps", f"{job_id}/{step_id}")
+            for step_id, step in self.steps.get(job_id, {}).items()
+        )
+        return [step for step in checked if step is not None]
 
     async def remove_job_steps(self, job_id: str) -> None:
         self.steps.pop(job_id, None)

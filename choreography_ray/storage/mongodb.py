@@ -10,8 +10,10 @@ In the URL's database, else `choreography` (fields as in `choreography_ray.stora
                         cleanup query: one indexed, sorted and limited find per status, merged.
                         A document written before the field existed gets it from its status
                         history on the first cleanup query of its key by each instance.
-    job_steps           `_id` "{job_id}/{step_id}". Indexes (job_id, status),
-                        (job_id, stage, status), (job_id, step_id).
+    job_steps           `_id` "{job_id}/{step_id}". Indexes (job_id, status, step_id),
+                        (job_id, stage, status, step_id), (job_id, step_id). The (job_id,
+                        status) and (job_id, stage, status) indexes of earlier releases are
+                        dropped where found.
     job_counted_steps   `_id` "{job_id}/{kind}/{step_id}"; job_id, kind, step_id. Index (job_id,
                         kind, step_id): list, count and remove-all are queries; an add is inserts.
     jobs_manager_keys   `_id` '["{scope}", "{namespace}"]', a JSON pair no separator can break.
@@ -25,11 +27,25 @@ which creates nothing). The code keeps to what both `mongod` and
   The strings sort as the instants do and read back equal.
 - `status_changes` holds one JSON string per change: nx's `$push` of a subdocument turns every
   element of the array into a JSON string; its `$push` of a string is exact.
-- `count_by_status` groups on `$concat` of `$toString(stage)`, ":" and status (nx answers a
-  compound `$group` key with the literal paths), so there is no derived field to keep in sync;
-  `count_jobs_by_type_and_status` likewise on status, ":" and type (a status has no ":").
-- A lease renewal is an `UpdateOne` filtered on `_id`, `status` and `attempt` (plain equality,
-  which both servers match), so it never undoes an outcome stored meanwhile.
+- nx serves an index only for a plain comparison: a filter `{"f": v}` becomes SQL for "equal,
+  or an array containing v", which scans the collection, while `{"f": {"$eq": v}}` (the same to
+  mongod) is a plain equality its index on `f` serves. `$in` on a field other than `_id` is
+  evaluated in Python over the whole collection; on `_id` it is an indexed `IN`. So step and
+  counted-step filters are spelled `$eq` (`_equal`), `get_steps` and the bulk writes go by
+  `_id $in`, and a query over several statuses is one query per status, merged.
+- `count_documents` and `$group` are aggregations nx evaluates in Python (about 5 s for a
+  `$group` over 100,000 steps, during which it answers nothing else); the `count` command with
+  a plain-equality query is an indexed `SELECT COUNT`. `count_by_status` finds the job's stages
+  along the (job_id, stage, status) index (one sorted `find_one` per stage) and counts with
+  `count`, per status and, for a job of several stages, per stage and status where some record
+  has the status. `count_jobs_by_type_and_status` groups on `$concat` of status, ":" and type
+  (nx answers a compound `$group` key with the literal paths; a status has no ":").
+- `update_steps` and `renew_leases` write one `UpdateMany` (`_id $in`, at most `IDS_PER_WRITE`
+  ids) for the steps that share their change: a start batch's RUNNING writes share one lease
+  and one status change, so 1,000 of them are one update statement rather than 1,000. A lease
+  renewal is filtered on `_id`, `status` and `attempt`, so it never undoes an outcome stored
+  meanwhile; an update on `_id` and `attempt $lte`, so an earlier attempt never overwrites a
+  later one.
 - No update pipelines (nx rejects them), so no `$$NOW`: `updated` is this process's clock, as in
   the memory provider. No partial indexes (nx makes them full); none is needed. No subdocument
   `_id` (nx rejects an upsert on one).
@@ -55,6 +71,7 @@ given credentials, pymongo fails with a KeyError inside its SCRAM conversation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import threading
@@ -65,7 +82,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ValidationError
-from pymongo import DeleteMany, MongoClient, UpdateOne
+from pymongo import DeleteMany, MongoClient, UpdateMany, UpdateOne
 from pymongo import errors as mongo
 from pymongo.database import Database
 
@@ -95,6 +112,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    chunks,
     planned_records,
     redact_url,
 )
@@ -102,14 +120,15 @@ from choreography_ray.storage import (
 #: Driver options and defaults, in milliseconds. Server selection bounds how long an unreachable
 #: database takes to fail. The connect timeout is also the read timeout of the driver's heartbeat
 #: to a server without streaming `hello` (nx), and a timed-out heartbeat cancels every operation
-#: in flight: nx answers nothing while it runs one operation (about 5 s for `count_by_status` of
+#: in flight: nx answers nothing while it runs one operation (about 5 s for a `$group` over
 #: 100,000 steps), so this one stays at pymongo's default.
 DEFAULT_TIMEOUTS_MS = {"serverSelectionTimeoutMS": 5_000, "connectTimeoutMS": 20_000}
 #: Threads running the driver's blocking calls, per storage instance.
 POOL_THREADS = 4
 DEFAULT_DATABASE = "choreography"
-#: Ids per `$in` delete: nx-27017 deletes 16x faster this way than with one `DeleteOne` per id.
-IDS_PER_DELETE = 1_000
+#: Ids per `$in` delete or update: nx-27017 deletes 16x faster this way than with one
+#: `DeleteOne` per id.
+IDS_PER_WRITE = 1_000
 _DUPLICATE_KEY = 11000
 _AUTHENTICATION_FAILED = 18
 #: Each collection's indexes, as their ascending fields.
@@ -120,10 +139,17 @@ _INDEXES = {
         "scope namespace status status_since",
         "created",
     ],
-    "job_steps": ["job_id status", "job_id stage status", "job_id step_id"],
+    # The status indexes end in step_id, so a page of one status is read in step-id order from
+    # the index (nx's SQLite planner otherwise walks (job_id, step_id) for the order, and reads
+    # every step of the job for a status few have).
+    "job_steps": ["job_id status step_id", "job_id stage status step_id", "job_id step_id"],
     "job_counted_steps": ["job_id kind step_id"],
 }
+#: Indexes of earlier releases that one above replaces: dropped where found, so that writes do
+#: not keep both up to date.
+_SUPERSEDED = {"job_steps": ["job_id status", "job_id stage status"]}
 _COUNTED = ("completed_steps_counted", "stopped_steps_counted")
+_RUNNING = StepStatus.RUNNING.value
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -167,6 +193,20 @@ def _parse(model: type[M], collection: str, doc: Mapping[str, Any]) -> M:
         raise CorruptRecordError(collection, str(doc.get("_id")), str(exc)) from exc
 
 
+def _lay_out_indexes(db: Database[Doc]) -> None:
+    for name, indexes in _INDEXES.items():
+        for fields in indexes:
+            db[name].create_index([(field, 1) for field in fields.split()])
+    for name, old in _SUPERSEDED.items():
+        superseded = {tuple(fields.split()) for fields in old}
+        for index in db[name].list_indexes():
+            if tuple(index["key"]) in superseded:
+                # Dropped by another instance meanwhile, or a user without the right to drop
+                # indexes: the old index only costs its upkeep, so it stays.
+                with contextlib.suppress(mongo.OperationFailure):
+                    db[name].drop_index(index["name"])
+
+
 def _fill_status_since(db: Database[Doc], scope: str, namespace: str) -> None:
     """Gives the key's documents written before `status_since` existed the field, from their
     status history (else `created`), so the cleanup query sees them."""
@@ -191,8 +231,7 @@ def _client_options(url: str) -> Doc:
 
 
 def _deletes(ids: Sequence[str]) -> list[DeleteMany]:
-    step = IDS_PER_DELETE
-    return [DeleteMany({"_id": {"$in": list(ids[i : i + step])}}) for i in range(0, len(ids), step)]
+    return [DeleteMany({"_id": {"$in": chunk}}) for chunk in chunks(ids, IDS_PER_WRITE)]
 
 
 def _job_query(where: JobFilter) -> Doc:
@@ -207,6 +246,76 @@ def _job_query(where: JobFilter) -> Doc:
     if where.created_since is not None:
         query["created"] = {"$gte": _encode(where.created_since)}
     return query
+
+
+def _insert_steps(db: Database[Doc], docs: list[Doc]) -> None:
+    try:
+        db.job_steps.insert_many(docs, ordered=True)
+    except mongo.BulkWriteError as exc:
+        errors = exc.details.get("writeErrors") or [{}]
+        failed = errors[0].get("index", exc.details.get("nInserted", 0))
+        # Ordered: the documents before the failing one are written; take them back.
+        if failed:
+            db.job_steps.bulk_write(_deletes([d["_id"] for d in docs[:failed]]))
+        if errors[0].get("code") == _DUPLICATE_KEY:
+            key = docs[failed]["_id"]
+            raise DuplicateRecordError(f"step {key!r} exists already") from exc
+        raise
+
+
+def _equal(**fields: Any) -> Doc:
+    """A filter of plain equalities spelled `$eq`: nx translates `{"f": v}` to an equality or
+    an array-membership test, which no index serves, and `{"f": {"$eq": v}}` to the equality
+    alone, which its (expression) index on the field serves; to mongod both mean the same."""
+    return {field: {"$eq": value} for field, value in fields.items()}
+
+
+def _count(db: Database[Doc], query: Doc, collection: str = "job_steps") -> int:
+    """The `count` command: answered from the query's index by both servers, where
+    `count_documents` is an aggregation (`$match`, `$group`) that nx evaluates in Python."""
+    return int(db.command("count", collection, query=query)["n"])
+
+
+def _stored_stages(db: Database[Doc], job_id: str) -> list[int]:
+    """The stages the job has records of: one indexed find per stage, each the first record
+    of a later stage along the (job_id, stage, status) index."""
+    stages: list[int] = []
+    while True:
+        query = _equal(job_id=job_id)
+        if stages:
+            query["stage"] = {"$gt": stages[-1]}
+        doc = db.job_steps.find_one(query, {"stage": 1}, sort=[("stage", 1)])
+        if doc is None:
+            return stages
+        stage = doc.get("stage")
+        if not isinstance(stage, int) or isinstance(stage, bool):
+            raise CorruptRecordError("job_steps", str(doc.get("_id")), f"bad stage {stage!r}")
+        stages.append(stage)
+
+
+def _count_by_status(db: Database[Doc], job_id: str) -> StatusCounts:
+    """Counted per status through the (job_id, status) index, then per stage and status
+    through the (job_id, stage, status) index for the statuses some record has: no `$group`,
+    which nx evaluates in Python over every record of the job. Records the counts miss have a
+    status this release does not know; as the counts are not one snapshot, a step that changed
+    status between two of them may be missed too, so a shortfall is counted once more before
+    it is reported."""
+    for _ in range(2):
+        stages = _stored_stages(db, job_id)
+        counts: StatusCounts = {}
+        for status in StepStatus if stages else ():
+            total = _count(db, _equal(job_id=job_id, status=status.value))
+            if total and len(stages) == 1:
+                counts[(stages[0], status)] = total
+            elif total:
+                for stage in stages:
+                    if n := _count(db, _equal(job_id=job_id, stage=stage, status=status.value)):
+                        counts[(stage, status)] = n
+        missed = _count(db, _equal(job_id=job_id)) - sum(counts.values())
+        if missed <= 0:
+            return counts
+    reason = f"{missed} records of an unknown status"
+    raise CorruptRecordError("job_steps", f"{job_id}/*", reason)
 
 
 def _counted_id(job_id: str, kind: CountedKind, step_id: str) -> str:
@@ -240,9 +349,8 @@ class MongoStorage:
                     # What the index creation does otherwise: connect (and authenticate) here,
                     # where a failing handshake is told apart from a failing operation.
                     db.command("ping")
-                for name, indexes in () if self.read_only else _INDEXES.items():
-                    for fields in indexes:
-                        db[name].create_index([(field, 1) for field in fields.split()])
+                if not self.read_only:
+                    _lay_out_indexes(db)
                 self._db = db
             return self._db
 
@@ -399,31 +507,36 @@ class MongoStorage:
     # steps
     async def insert_steps(self, steps: Sequence[StepState]) -> None:
         docs = [_document(step, step.key) for step in steps]
-        if not docs:
-            return
-
-        def insert(db: Database[Doc]) -> None:
-            try:
-                db.job_steps.insert_many(docs, ordered=True)
-            except mongo.BulkWriteError as exc:
-                errors = exc.details.get("writeErrors") or [{}]
-                failed = errors[0].get("index", exc.details.get("nInserted", 0))
-                # Ordered: the documents before the failing one are written; take them back.
-                if failed:
-                    db.job_steps.bulk_write(_deletes([d["_id"] for d in docs[:failed]]))
-                if errors[0].get("code") == _DUPLICATE_KEY:
-                    key = docs[failed]["_id"]
-                    raise DuplicateRecordError(f"step {key!r} exists already") from exc
-                raise
-
-        await self._run(insert)
+        if docs:
+            await self._run(lambda db: _insert_steps(db, docs))
 
     async def insert_plan(self, job_id: str, steps: Sequence[PlannedStep]) -> None:
-        await self.insert_steps(planned_records(job_id, steps))
+        if not steps:
+            return
+        # Every planned document is the same but for its step: one record encoded, then copied.
+        first = steps[0]
+        template = _document(planned_records(job_id, [first])[0], "")
+        docs = [
+            {**template, "_id": step_key(job_id, s.step_id), "step_id": s.step_id,
+             "type": s.type, "stage": s.stage, "request": json.loads(s.request_json)}
+            for s in steps
+        ]  # fmt: skip
+        await self._run(lambda db: _insert_steps(db, docs))
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         doc = await self._run(lambda db: db.job_steps.find_one({"_id": step_key(job_id, step_id)}))
         return None if doc is None else _parse(StepState, "job_steps", doc)
+
+    async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
+        keys = [step_key(job_id, step_id) for step_id in step_ids]
+
+        def find(db: Database[Doc]) -> list[Doc]:
+            return [
+                doc for chunk in chunks(keys) for doc in db.job_steps.find({"_id": {"$in": chunk}})
+            ]
+
+        steps = [_parse(StepState, "job_steps", doc) for doc in await self._run(find)]
+        return {step.step_id: step for step in steps}
 
     async def list_steps(
         self,
@@ -434,44 +547,61 @@ class MongoStorage:
         after: str | None = None,
         limit: int = 1000,
     ) -> list[StepState]:
-        query: Doc = {"job_id": job_id}
-        if statuses is not None:
-            query["status"] = {"$in": [StepStatus(s).value for s in statuses]}
-        if stage is not None:
-            query["stage"] = stage
+        query = _equal(job_id=job_id) if stage is None else _equal(job_id=job_id, stage=stage)
         if after is not None:
             query["step_id"] = {"$gt": after}
-        docs = await self._run(
-            lambda db: list(db.job_steps.find(query).sort("step_id").limit(limit))
-        )
-        return [_parse(StepState, "job_steps", doc) for doc in docs]
+        # One indexed query per status (nx evaluates `$in` on a field other than `_id` in
+        # Python, over every document of the collection), merged.
+        wanted = [None] if statuses is None else sorted({StepStatus(s).value for s in statuses})
+
+        def find(db: Database[Doc]) -> list[Doc]:
+            docs: list[Doc] = []
+            for status in wanted:
+                where = query if status is None else {**query, **_equal(status=status)}
+                docs += db.job_steps.find(where).sort("step_id").limit(limit)
+            return sorted(docs, key=lambda doc: str(doc.get("step_id")))[:limit]
+
+        return [_parse(StepState, "job_steps", doc) for doc in await self._run(find)]
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         now = _encode(utcnow())
-        writes = []
+        # A start batch's RUNNING writes share their lease and change objects: such updates
+        # are one `UpdateMany` per `IDS_PER_WRITE` ids, encoded once.
+        groups: dict[tuple[StepStatus, int, int, int], tuple[StepUpdate, list[str]]] = {}
         for u in updates:
+            key = step_key(u.job_id, u.step_id)
+            group = groups.setdefault((u.status, u.attempt, id(u.lease), id(u.change)), (u, []))
+            group[1].append(key)
+        writes: list[UpdateOne | UpdateMany] = []
+        for u, keys in groups.values():
             lease = None if u.lease is None else _encode(u.lease.model_dump())
             fields = {"status": u.status.value, "attempt": u.attempt, "lease": lease}
             change: Doc = {"$set": {**fields, "updated": now}}
             if u.change is not None:
                 change["$push"] = {"status_changes": u.change.model_dump_json()}
-            only = {"_id": step_key(u.job_id, u.step_id), "attempt": {"$lte": u.attempt}}
-            writes.append(UpdateOne(only, change))
+            if len(keys) == 1:
+                writes.append(UpdateOne({"_id": keys[0], "attempt": {"$lte": u.attempt}}, change))
+                continue
+            for chunk in chunks(keys, IDS_PER_WRITE):
+                only = {"_id": {"$in": chunk}, "attempt": {"$lte": u.attempt}}
+                writes.append(UpdateMany(only, change))
         if writes:
             await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         now = _encode(utcnow())
-        running = StepStatus.RUNNING.value
-        # Renewals share their lease object: each is encoded once.
-        leases: dict[int, Doc] = {}
-        writes = []
+        # Renewals of one host share their lease object: those at one attempt are one
+        # `UpdateMany` per `IDS_PER_WRITE` ids, the lease encoded once.
+        groups: dict[tuple[int, int], tuple[LeaseRenewal, list[str]]] = {}
         for r in renewals:
-            lease = leases.get(id(r.lease))
-            if lease is None:
-                lease = leases[id(r.lease)] = _encode(r.lease.model_dump())
-            only = {"_id": step_key(r.job_id, r.step_id), "status": running, "attempt": r.attempt}
-            writes.append(UpdateOne(only, {"$set": {"lease": lease, "updated": now}}))
+            group = groups.setdefault((id(r.lease), r.attempt), (r, []))
+            group[1].append(step_key(r.job_id, r.step_id))
+        writes = []
+        for r, keys in groups.values():
+            change = {"$set": {"lease": _encode(r.lease.model_dump()), "updated": now}}
+            for chunk in chunks(keys, IDS_PER_WRITE):
+                only = {"_id": {"$in": chunk}, "status": _RUNNING, "attempt": r.attempt}
+                writes.append(UpdateMany(only, change))
         if not writes:
             return 0
         result = await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
@@ -482,21 +612,22 @@ class MongoStorage:
         if deletes:
             await self._run(lambda db: db.job_steps.bulk_write(deletes, ordered=False))
 
+    async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
+        wanted = sorted({StepStatus(status).value for status in statuses})
+
+        def find(db: Database[Doc]) -> bool:
+            return any(
+                db.job_steps.find_one(_equal(job_id=job_id, stage=stage, status=s), {"_id": 1})
+                for s in wanted
+            )
+
+        return bool(wanted) and await self._run(find)
+
     async def count_by_status(self, job_id: str) -> StatusCounts:
-        group = {"_id": {"$concat": [{"$toString": "$stage"}, ":", "$status"]}, "n": {"$sum": 1}}
-        pipeline: list[Doc] = [{"$match": {"job_id": job_id}}, {"$group": group}]
-        rows = await self._run(lambda db: list(db.job_steps.aggregate(pipeline)))
-        counts: StatusCounts = {}
-        try:
-            for row in rows:
-                stage, _, status = row["_id"].partition(":")
-                counts[(int(stage), StepStatus(status))] = int(row["n"])
-        except (ValueError, AttributeError) as exc:
-            raise CorruptRecordError("job_steps", job_id, f"bad stage or status: {exc}") from exc
-        return counts
+        return await self._run(lambda db: _count_by_status(db, job_id))
 
     async def remove_job_steps(self, job_id: str) -> None:
-        await self._run(lambda db: db.job_steps.delete_many({"job_id": job_id}))
+        await self._run(lambda db: db.job_steps.delete_many(_equal(job_id=job_id)))
 
     # counted steps
     async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
@@ -520,18 +651,18 @@ class MongoStorage:
         await self._run(lambda db: db.job_counted_steps.delete_one({"_id": key}))
 
     async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]:
-        query = {"job_id": job_id, "kind": kind.value}
+        query = _equal(job_id=job_id, kind=kind.value)
         docs = await self._run(
             lambda db: list(db.job_counted_steps.find(query, {"step_id": 1}).sort("step_id", 1))
         )
         return [str(doc["step_id"]) for doc in docs]
 
     async def count_counted(self, job_id: str, kind: CountedKind) -> int:
-        query = {"job_id": job_id, "kind": kind.value}
-        return await self._run(lambda db: db.job_counted_steps.count_documents(query))
+        query = _equal(job_id=job_id, kind=kind.value)
+        return await self._run(lambda db: _count(db, query, "job_counted_steps"))
 
     async def remove_job_counted(self, job_id: str) -> None:
-        await self._run(lambda db: db.job_counted_steps.delete_many({"job_id": job_id}))
+        await self._run(lambda db: db.job_counted_steps.delete_many(_equal(job_id=job_id)))
 
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:

@@ -106,6 +106,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    chunks,
     utc_text,
 )
 
@@ -317,6 +318,14 @@ class SqliteStorage:
         )
         return _step(rows[0]) if rows else None
 
+    async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
+        found: dict[str, StepState] = {}
+        for chunk in chunks(step_ids):
+            for row in await self._query(_steps_by_id(len(chunk)), job_id, *chunk):
+                step = _step(row)
+                found[step.step_id] = step
+        return found
+
     async def list_steps(
         self,
         job_id: str,
@@ -351,6 +360,10 @@ class SqliteStorage:
         if step_ids:
             sql = "DELETE FROM job_steps WHERE job_id = ? AND step_id = ?"
             await self._write(lambda c: c.executemany(sql, zip(repeat(job_id), step_ids)))
+
+    async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
+        query = _any_step(job_id, stage, statuses, named=not self.read_only)
+        return query is not None and bool(await self._query(*query))
 
     async def count_by_status(self, job_id: str) -> StatusCounts:
         sql = "SELECT stage, status, COUNT(*) FROM job_steps WHERE job_id = ? GROUP BY 1, 2"
@@ -631,6 +644,24 @@ def _steps_page(
     branch += "ORDER BY step_id LIMIT ?)"
     sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
     return sql, [*(a for status in wanted for a in (*args, status, limit)), limit]
+
+
+def _any_step(
+    job_id: str, stage: int, statuses: Collection[StepStatus], named: bool = True
+) -> tuple[str, str, int, *tuple[str, ...]] | None:
+    """The query of `has_steps` and its arguments, None when it can match nothing: one seek of
+    the (job_id, stage, status) index per status, named as in `_steps_page`."""
+    wanted = sorted({StepStatus(status).value for status in statuses})
+    if not wanted:
+        return None
+    hint = " INDEXED BY job_steps_job_stage_status" if named else ""
+    where = f"job_id = ? AND stage = ? AND status IN ({', '.join('?' * len(wanted))})"
+    return f"SELECT 1 FROM job_steps{hint} WHERE {where} LIMIT 1", job_id, stage, *wanted
+
+
+def _steps_by_id(count: int) -> str:
+    """The query of `get_steps` for `count` ids: that many seeks of the primary key."""
+    return f"{_STEP_SELECT} WHERE job_id = ? AND step_id IN ({', '.join('?' * count)})"
 
 
 def _instant(at: datetime) -> str:

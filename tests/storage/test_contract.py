@@ -610,6 +610,110 @@ async def test_count_by_status__by_stage_and_status(storage: Storage) -> None:
     assert await storage.count_by_status("missing") == {}
 
 
+async def test_count_by_status__counts_every_stage_of_many(storage: Storage) -> None:
+    await storage.insert_steps(
+        [
+            step("j1", f"{stage}-{i}", stage=stage, status=RUNNING)
+            for stage in (0, 2, 7)
+            for i in range(stage + 1)
+        ]
+        + [step("j1", "7-f", stage=7, status=FAILED), step("j2", "x", stage=5)]
+    )
+
+    assert await storage.count_by_status("j1") == {
+        (0, RUNNING): 1,
+        (2, RUNNING): 3,
+        (7, RUNNING): 8,
+        (7, FAILED): 1,
+    }
+
+
+async def test_count_by_status__a_record_of_an_unknown_status_is_corrupt(
+    storage: Storage, provider: str, storage_url: str
+) -> None:
+    await storage.create_job(job("bad"))
+    await storage.insert_steps([step("j1", "bad"), step("j1", "good")])
+    _corrupt(provider, storage, storage_url)
+
+    with pytest.raises(CorruptRecordError) as error:
+        await storage.count_by_status("j1")
+
+    assert error.value.collection == "job_steps"
+
+
+async def test_has_steps__of_the_stage_in_the_statuses_asked_for(storage: Storage) -> None:
+    await storage.insert_steps(
+        [
+            step("j1", "a", stage=0, status=FAILED),
+            step("j1", "b", stage=1, status=RUNNING),
+            step("j2", "a", stage=0, status=SCHEDULED),
+        ]
+    )
+
+    assert await storage.has_steps("j1", 0, [FAILED])
+    assert await storage.has_steps("j1", 1, {SCHEDULED, RUNNING, StepStatus.STOPPED})
+    assert not await storage.has_steps("j1", 0, [SCHEDULED, RUNNING])
+    assert not await storage.has_steps("j1", 2, list(StepStatus))
+    assert not await storage.has_steps("j1", 1, [])
+    assert not await storage.has_steps("missing", 0, list(StepStatus))
+
+    await storage.update_steps([StepUpdate("j1", "a", SCHEDULED, 1)])
+    await storage.delete_steps("j1", ["b"])
+
+    assert await storage.has_steps("j1", 0, [SCHEDULED])
+    assert not await storage.has_steps("j1", 1, list(StepStatus))
+
+
+async def test_get_steps__the_records_of_the_ids_asked_for_whatever_their_stage(
+    storage: Storage,
+) -> None:
+    records = [step("j1", f"s{i:04d}", stage=i % 3, status=RUNNING, attempt=1) for i in range(1200)]
+    await storage.insert_steps([*records, step("j2", "s0001")])
+    await storage.update_steps([StepUpdate("j1", "s0005", FAILED, 1, lease=lease())])
+    # More ids than one query takes, in no order, with ids of no record and duplicates.
+    wanted = [f"s{i:04d}" for i in range(1199, 0, -2)] + ["missing", "s0005", "s0003"]
+
+    found = await storage.get_steps("j1", wanted)
+
+    assert sorted(found) == sorted(set(wanted) - {"missing"})
+    assert found["s0003"] == (await storage.get_step("j1", "s0003"))
+    assert (found["s0005"].status, found["s0005"].lease) == (FAILED, lease())
+    assert found["s1199"].stage == 1199 % 3
+    assert await storage.get_steps("j1", []) == {}
+    assert await storage.get_steps("missing", ["s0001"]) == {}
+
+
+async def test_mongodb__the_status_indexes_of_an_earlier_release_are_replaced(
+    provider: str, storage_url: str
+) -> None:
+    """An earlier release made (job_id, status) and (job_id, stage, status): a new storage adds
+    the indexes that end in step_id and drops those two, so writes keep three up to date."""
+    if provider != "mongodb":
+        pytest.skip("MongoDB's indexes")
+    import pymongo
+
+    client: pymongo.MongoClient[dict[str, object]]
+    with pymongo.MongoClient(storage_url) as client:
+        steps: pymongo.collection.Collection[dict[str, object]]
+        steps = client.get_default_database().job_steps
+        for old in (["job_id", "status"], ["job_id", "stage", "status"]):
+            steps.create_index([(field, 1) for field in old])
+        storage = open_storage(storage_url)
+        try:
+            await storage.insert_steps([step("j1", "a", status=RUNNING)])
+            assert await storage.has_steps("j1", 0, [RUNNING])
+        finally:
+            await storage.close()
+        keys = sorted(list(index["key"]) for index in steps.list_indexes())
+
+    assert keys == [
+        ["_id"],
+        ["job_id", "stage", "status", "step_id"],
+        ["job_id", "status", "step_id"],
+        ["job_id", "step_id"],
+    ]
+
+
 # --- counted steps and manager keys ----------------------------------------------------------
 
 
@@ -867,6 +971,35 @@ def test_sqlite__a_page_by_status_searches_the_status_index_never_the_whole_job(
     assert len(searches) == 2, plan
     assert all(f"INDEX {index} (job_id=? AND " in line and "status=?" in line
                for line in searches), plan  # fmt: skip
+
+
+def test_sqlite__has_steps_and_get_steps_search_indexes_never_the_whole_job(
+    tmp_path: Path,
+) -> None:
+    from choreography_ray.storage.sqlite import _any_step, _steps_by_id
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def lay_out() -> None:
+        storage = SqliteStorage(url)
+        await storage.insert_steps([step("j1", f"s-{n:05d}", stage=n % 2) for n in range(100)])
+        await storage.close()
+
+    asyncio.run(lay_out())
+    query = _any_step("j1", 1, {SCHEDULED, RUNNING, StepStatus.STOPPED})
+    assert query is not None
+    by_id = (_steps_by_id(2), "j1", "s-00001", "s-00002")
+    with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        plans = [
+            [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+            for sql, *args in (query, by_id)
+        ]
+
+    assert plans[0] == [
+        "SEARCH job_steps USING COVERING INDEX job_steps_job_stage_status "
+        "(job_id=? AND stage=? AND status=?)"
+    ]
+    assert plans[1] == ["SEARCH job_steps USING PRIMARY KEY (job_id=? AND step_id=?)"]
 
 
 def test_sqlite__pickles_as_its_url(tmp_path: Path) -> None:

@@ -280,6 +280,8 @@ class FaultyStorage(MemoryStorage):
         "update_steps",
         "delete_steps",
         "count_by_status",
+        "has_steps",
+        "get_steps",
         "list_steps",
         "add_counted",
         "remove_counted",
@@ -344,6 +346,14 @@ class FaultyStorage(MemoryStorage):
     async def count_by_status(self, job_id: str) -> StatusCounts:
         await self._before("count_by_status")
         return await super().count_by_status(job_id)
+
+    async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
+        await self._before("has_steps")
+        return await super().has_steps(job_id, stage, statuses)
+
+    async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
+        await self._before("get_steps")
+        return await super().get_steps(job_id, step_ids)
 
     async def list_steps(
         self,

@@ -70,6 +70,8 @@ STORAGE_FAULTS = (
     "update_steps",
     "delete_steps",
     "count_by_status",
+    "has_steps",
+    "get_steps",
     "list_steps",
     "add_counted",
     "remove_counted",
@@ -571,7 +573,12 @@ class StorageFaultsJobMachine(JobMachine):
     @precondition(lambda self: not self.removed)
     @rule(method=st.sampled_from(STORAGE_FAULTS), lost_answer=st.booleans())
     def next_storage_call_fails(self, method: str, lost_answer: bool) -> None:
-        if lost_answer and method not in ("count_by_status", "list_steps"):
+        if lost_answer and method not in (
+            "count_by_status",
+            "has_steps",
+            "get_steps",
+            "list_steps",
+        ):
             self.storage.ack_lost(method)
         else:
             self.storage.fail(method)
