@@ -590,6 +590,9 @@ class JobCore:
         for start, why in failures:
             log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why,
                         extra=ids(self.job_id, start.step_id))  # fmt: skip
+            # Its attempt ended here: no longer a retry waiting for a host (else a stop after
+            # a RetryFailedSteps would count it failed once more).
+            self.window.retrying.discard(start.step_id)
             self._settle(start, Outcome(start.step_id, start.attempt, StepStatus.FAILED, why))
 
     async def _store_cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:

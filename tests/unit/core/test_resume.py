@@ -448,3 +448,37 @@ def test_resume__a_failed_running_save_of_a_resume_keeps_the_running_steps(
         assert stored.progress.stopped_steps == 1
 
     activations.run(scenario)
+
+
+def test_retry_failed_steps__a_stop_counts_a_step_never_started_as_stopped_not_failed(
+    activations: Activations,
+) -> None:
+    """A step whose type is missing failed to start, was retried and failed again; after
+    RetryFailedSteps a stop finds it waiting to start: it is stopped (found by the state
+    machine test: its first execution's retry still marked it as a retry waiting for a host)."""
+
+    async def scenario() -> None:
+        h = await activations.new(
+            RetryableJob, Plan(sizes=[2], missing=[1]), max_step_attempts=2,
+            max_active_steps_per_job=1,
+        )  # fmt: skip
+        await h.c.start()
+        for _ in range(2):
+            await h.hosts.finish("000000", FAILED, "boom")
+            await h.settle()
+        assert (await h.stored()).status is JobStatus.COMPLETED_WITH_FAILURES
+        h.hosts.start_gate = asyncio.Event()  # "000000" is being started when the stop comes
+
+        assert await h.c.retry_failed_steps() == 2
+        await h.settle()
+        await h.c.stop()
+        h.hosts.start_gate.set()
+        await h.settle()
+        await h.hosts.finish("000000", StepStatus.STOPPED)
+        await h.settle()
+
+        progress = (await h.stored()).progress
+        assert (progress.failed_steps, progress.stopped_steps) == (0, 2)
+        assert not h.c.counting.counted & h.c.counting.stopped
+
+    activations.run(scenario)
