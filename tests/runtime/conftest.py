@@ -21,6 +21,9 @@ FAST = {
     "max_step_delivery_retry_delay": 0.5,
     "step_retry_backoff": 0.2,
     "max_step_retry_backoff": 1.0,
+    # A spare job actor per test's manager would stay 10 minutes each (the spare test, the
+    # chaos runs and the scheduler's and recovery's tests keep the default).
+    "spare_job_actors": 0,
 }
 
 
