@@ -64,6 +64,20 @@ def bench(
             help="Run the comparison rounds (durable, bare tasks, actors, storage ceiling).",
         ),
     ] = True,
+    bare: Annotated[
+        bool,
+        typer.Option(
+            "--bare/--no-bare",
+            help="In the rounds, also run as many bare Ray tasks (--no-bare: the durable job "
+            "without them, for 10,000,000 steps).",
+        ),
+    ] = True,
+    ceiling: Annotated[
+        bool,
+        typer.Option(
+            "--ceiling/--no-ceiling", help="In the rounds, also measure the storage ceiling."
+        ),
+    ] = True,
     actor_sample: Annotated[
         int, typer.Option(min=0, help="Actors in the one-actor-per-step sample; 0 skips it.")
     ] = 200,
@@ -128,6 +142,8 @@ def bench(
         fail_rate=fail_rate,
         repeat=repeat,
         compare=compare,
+        bare_tasks=bare,
+        storage_ceiling=ceiling,
         actor_sample=actor_sample,
         resume_halfway=resume_halfway,
         latency_runs=latency,

@@ -106,6 +106,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredStart,
     utc_text,
 )
 
@@ -186,6 +187,7 @@ _JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease", "re
 _JOB_FIELDS = ", ".join(_JOB_COLUMNS)
 _JOB_SELECT = f"SELECT {_JOB_FIELDS} FROM jobs"
 _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
+_START_SELECT = "SELECT step_id, type, stage, status, attempt, request, job_id FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 _STEP_STATUSES = frozenset(StepStatus)
@@ -333,6 +335,21 @@ class SqliteStorage:
             return []
         sql, args = page
         return [_step(row) for row in await self._query(sql, *args)]
+
+    async def list_starts(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredStart]:
+        page = _steps_page(job_id, statuses, stage, after, limit, not self.read_only, _START_SELECT)
+        if page is None:
+            return []
+        sql, args = page
+        return [_start(row) for row in await self._query(sql, *args)]
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         if updates:
@@ -607,6 +624,7 @@ def _steps_page(
     after: str | None,
     limit: int,
     named: bool = True,
+    select: str = _STEP_SELECT,
 ) -> tuple[str, list[object]] | None:
     """The query of a `list_steps` page, None when it can match nothing; `named`: the status
     index is named (`INDEXED BY`)."""
@@ -617,7 +635,7 @@ def _steps_page(
     if after is not None:
         where, args = f"{where} AND step_id > ?", [*args, after]
     if statuses is None and stage is None:
-        return f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
+        return f"{select} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
     # One index range per status, each in step-id order already (the indexes end in the key),
     # merged: a page costs O(statuses * limit) however many steps the job has. The index is
     # named: without `after`, SQLite's planner (no statistics) prefers the primary key for
@@ -627,7 +645,7 @@ def _steps_page(
         return None
     index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
     hint = f" INDEXED BY {index}" if named else ""
-    branch = f"SELECT * FROM ({_STEP_SELECT}{hint} WHERE {where} AND status = ? "
+    branch = f"SELECT * FROM ({select}{hint} WHERE {where} AND status = ? "
     branch += "ORDER BY step_id LIMIT ?)"
     sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
     return sql, [*(a for status in wanted for a in (*args, status, limit)), limit]
@@ -778,6 +796,13 @@ def _add_counted(
 
 def _job(row: Sequence[Any]) -> JobState:
     return _parse(JobState, _JOB_COLUMNS, row, "jobs", row[0])
+
+
+def _start(row: Sequence[Any]) -> StoredStart:
+    step_id, step_type, stage, status, attempt, request, job_id = row
+    if status not in _STEP_STATUSES:
+        raise CorruptRecordError("job_steps", f"{job_id}/{step_id}", f"unknown status {status!r}")
+    return StoredStart(step_id, step_type, stage, StepStatus(status), attempt, request)
 
 
 def _step(row: Sequence[Any]) -> StepState:
