@@ -99,6 +99,14 @@ def bench(
             help="Also run each job with metrics on and off (JobsOptions.metrics), per round.",
         ),
     ] = False,
+    stall_seconds: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds without a change of a job's status or progress after which it counts "
+            "as stalled (a 10,000,000-step plan is written for minutes in PREPARING_JOB).",
+        ),
+    ] = 300.0,
     json_file: Annotated[
         Path | None,
         typer.Option("--json", metavar="FILE", help="Write every measurement to FILE as JSON."),
@@ -148,6 +156,7 @@ def bench(
         resume_halfway=resume_halfway,
         latency_runs=latency,
         metrics_overhead=metrics_overhead,
+        stall_seconds=stall_seconds,
     )
 
     def log(message: str) -> None:
