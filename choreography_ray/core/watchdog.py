@@ -70,10 +70,17 @@ def stored_outcome(start: StepStart, step: StepState | None) -> Outcome | None:
 async def stored_records(
     storage: Storage, job_id: str, stage: int, step_ids: Collection[str]
 ) -> dict[str, StepState]:
-    """The records of `stage` among `step_ids`: one paged read of the stage's steps."""
+    """The records of `stage` among `step_ids`: one paged read of the stage's steps, up to the
+    last of them (the window starts steps in step-id order, so that read covers what has run,
+    not the steps of a large stage still waiting)."""
     records: dict[str, StepState] = {}
+    last = max(step_ids, default=None)
+    if last is None:
+        return records
     async for page in step_pages(storage, job_id, stage=stage):
         records.update((step.step_id, step) for step in page if step.step_id in step_ids)
+        if page[-1].step_id >= last:
+            break
     return records
 
 
