@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, Awaitable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, ClassVar, Generic
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeAlias
 
 from pydantic import BaseModel
 
@@ -25,8 +26,22 @@ class StepSpec:
     stage: int = 0
 
 
+#: What `prepare_steps` may return: the steps as a list, any iterable (a generator), an async
+#: iterable (an async generator), or an awaitable of one of those.
+PlanSteps: TypeAlias = (
+    Iterable[StepSpec]
+    | AsyncIterable[StepSpec]
+    | Awaitable[Iterable[StepSpec] | AsyncIterable[StepSpec]]
+)
+
+
 class Job(Generic[RequestT]):
     """A job type. Override `prepare_steps`; every other hook is optional.
+
+    `prepare_steps` returns the plan: a list of `create_step(...)` results, or any iterable,
+    async iterable, or awaitable of one. The job reads and stores it in chunks of 50,000
+    steps (`core/planning.py`), so a generator plan of millions of steps is never held whole
+    in memory; the job is `PREPARING_STEPS` only once every step is stored. See docs/jobs.md.
 
     The runtime sets `job_id`, `scope`, `namespace` and `options` before calling a hook.
     """
@@ -51,7 +66,7 @@ class Job(Generic[RequestT]):
     namespace: str
     options: JobsOptions
 
-    def prepare_steps(self, request: RequestT) -> list[StepSpec]:
+    def prepare_steps(self, request: RequestT) -> PlanSteps:
         raise NotImplementedError(f"{type(self).__qualname__} does not implement prepare_steps")
 
     def create_step(

@@ -52,6 +52,9 @@ class JobsOptions(BaseModel):
     step_host_capacity: int = Field(default=4096, ge=1)
     #: Steps in one start RPC from a job to a step host.
     step_batch_size: int = Field(default=1024, ge=1)
+    #: Steps of a plan handled at once: read from `prepare_steps`, checked and inserted per
+    #: chunk; a stage's steps are read back from storage in pages of at most 5,000 of them.
+    plan_chunk_size: int = Field(default=50_000, ge=1)
     #: How long a step host gathers writes before one bulk write (group commit).
     group_commit_delay: Duration = timedelta(milliseconds=5)
     #: An async `perform` that holds the event loop longer than this without awaiting is

@@ -85,6 +85,11 @@ class BenchConfig:
     repeat: int = 1
     #: Run the rounds (durable, bare tasks, actors, storage ceiling).
     compare: bool = True
+    #: In the rounds, also run as many bare Ray tasks (10,000,000 of them take about 2 hours
+    #: and 80 GiB of the driver's references: leave them out for the largest jobs).
+    bare_tasks: bool = True
+    #: In the rounds, also measure the storage ceiling.
+    storage_ceiling: bool = True
     #: Actors created in the actor-per-step sample (0 = skip), and at most in flight.
     actor_sample: int = 200
     actor_window: int = 16
@@ -259,8 +264,10 @@ class _Session:
         phases: list[partial[None]] = []
         for steps in self.config.steps:
             phases += [partial(self.durable, repeat, steps, url) for url in self.connections]
-            phases.append(partial(self.bare, repeat, steps))
-            phases += [partial(self.ceiling, repeat, steps, url) for url in self.connections]
+            if self.config.bare_tasks:
+                phases.append(partial(self.bare, repeat, steps))
+            if self.config.storage_ceiling:
+                phases += [partial(self.ceiling, repeat, steps, url) for url in self.connections]
         if self.config.actor_sample > 0:
             phases.append(partial(self.actors, repeat))
         if repeat % 2:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from pydantic import BaseModel
 
@@ -34,14 +35,13 @@ class BenchJob(cr.Job[BenchRequest]):
     def get_failure_behavior_for(self, stage: int) -> cr.JobStageFailureBehavior:
         return cr.JobStageFailureBehavior.CONTINUE_WITH_NEXT_STAGE
 
-    def prepare_steps(self, request: BenchRequest) -> list[cr.StepSpec]:
+    def prepare_steps(self, request: BenchRequest) -> Iterator[cr.StepSpec]:
+        """The steps one at a time (a generator): the job reads and stores them in chunks, so
+        a plan of 10,000,000 steps is never held whole. Steps share their two requests."""
         every = round(1 / request.fail_rate) if request.fail_rate else 0
         per_stage = -(-request.steps // request.stages)
-        return [
-            self.create_step(
-                BenchStep,
-                BenchItem(fail=bool(every) and i % every == every - 1, ms=request.step_ms),
-                stage=i // per_stage,
-            )
-            for i in range(request.steps)
-        ]
+        succeeds = BenchItem(ms=request.step_ms)
+        fails = BenchItem(fail=True, ms=request.step_ms)
+        for i in range(request.steps):
+            failing = bool(every) and i % every == every - 1
+            yield self.create_step(BenchStep, fails if failing else succeeds, stage=i // per_stage)

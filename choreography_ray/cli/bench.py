@@ -64,6 +64,20 @@ def bench(
             help="Run the comparison rounds (durable, bare tasks, actors, storage ceiling).",
         ),
     ] = True,
+    bare: Annotated[
+        bool,
+        typer.Option(
+            "--bare/--no-bare",
+            help="In the rounds, also run as many bare Ray tasks (--no-bare: the durable job "
+            "without them, for 10,000,000 steps).",
+        ),
+    ] = True,
+    ceiling: Annotated[
+        bool,
+        typer.Option(
+            "--ceiling/--no-ceiling", help="In the rounds, also measure the storage ceiling."
+        ),
+    ] = True,
     actor_sample: Annotated[
         int, typer.Option(min=0, help="Actors in the one-actor-per-step sample; 0 skips it.")
     ] = 200,
@@ -85,6 +99,14 @@ def bench(
             help="Also run each job with metrics on and off (JobsOptions.metrics), per round.",
         ),
     ] = False,
+    stall_seconds: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds without a change of a job's status or progress after which it counts "
+            "as stalled (a 10,000,000-step plan is written for minutes in PREPARING_JOB).",
+        ),
+    ] = 300.0,
     json_file: Annotated[
         Path | None,
         typer.Option("--json", metavar="FILE", help="Write every measurement to FILE as JSON."),
@@ -128,10 +150,13 @@ def bench(
         fail_rate=fail_rate,
         repeat=repeat,
         compare=compare,
+        bare_tasks=bare,
+        storage_ceiling=ceiling,
         actor_sample=actor_sample,
         resume_halfway=resume_halfway,
         latency_runs=latency,
         metrics_overhead=metrics_overhead,
+        stall_seconds=stall_seconds,
     )
 
     def log(message: str) -> None:

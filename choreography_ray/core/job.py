@@ -16,10 +16,9 @@ counted steps (after a resume or reopen), never twice across activations.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from choreography_ray.core import leases, resuming, stopping
@@ -35,15 +34,26 @@ from choreography_ray.core.metrics import (
     Tally,
     TimedWrites,
 )
+from choreography_ray.core.planning import (
+    FEED_STATUSES,
+    Feed,
+    PlanError,
+    feed_page,
+    first_run,
+    id_width,
+    plan_records,
+    plan_source,
+    spec_chunks,
+    to_start,
+)
 from choreography_ray.core.resuming import Recover, Resume
 from choreography_ray.core.retries import STANDARD, RetrySchedule, decide
 from choreography_ray.core.stages import (
-    PLAN_CHUNK,
     Stages,
     after_stage,
-    make_plan,
     mark_unreachable,
-    stored_unfinished,
+    stored_among,
+    stored_running,
 )
 from choreography_ray.core.timers import Timers
 from choreography_ray.core.transitions import check_transition
@@ -73,7 +83,7 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.step import JobStep
-from choreography_ray.storage import PlannedStep, StepUpdate, Storage, step_pages
+from choreography_ray.storage import PlannedStep, StepUpdate, Storage, StoredStart, step_pages
 from choreography_ray.types import import_type
 
 log = get_logger(__name__)
@@ -114,8 +124,11 @@ class JobCore:
         self.awaiting_admission: int | None = None
         self.exit_requested = False
         self.ticks = 0
-        #: The first run's steps, by stage (a resume reads them from storage instead).
+        #: Steps of a stage read before it begins, to start first: the first run's first
+        #: chunk, or the steps a resume found running nowhere.
         self._plan: dict[int, list[StepStart]] = {}
+        #: The rest of the running stage, read from storage a page at a time.
+        self.feed: Feed | None = None
         self._dirty = False
         self._dedicated: dict[str, bool] = {}  # step type path -> dedicated
         self._watched: set[str] = set()
@@ -287,56 +300,97 @@ class JobCore:
         self.live = True
         try:
             request = job.request_type().model_validate(state.request)
-            specs = job.prepare_steps(request)
-            if inspect.isawaitable(specs):
-                specs = await specs
-            specs = list(specs)
-            if not all(isinstance(s, StepSpec) for s in specs):
-                raise TypeError("prepare_steps must return steps made by create_step")
+            source = await plan_source(job.prepare_steps(request))
         except Exception as error:
             await self._fail(error)
             return StartJobError.COULD_NOT_PREPARE_STEPS
         try:
-            await self._persist_plan(specs)
+            await self._persist_plan(source)
+        except PlanError as error:  # the plan's own code, while it was read
+            await self._fail_preparing(error.__cause__ or error)
+            return StartJobError.COULD_NOT_PREPARE_STEPS
         except Exception as error:
             log.exception("job %s: could not persist its plan", self.job_id)
-            await self._fail(error)
+            await self._fail_preparing(error)
             return StartJobError.COULD_NOT_PERSIST
         return None
 
-    async def _persist_plan(self, specs: list[StepSpec]) -> None:
-        records, plan = make_plan(specs)
-        stages = Stages.from_totals({stage: len(starts) for stage, starts in plan.items()})
+    async def _fail_preparing(self, error: BaseException) -> None:
+        """The job fails before its plan is stored: a partial plan's records go first."""
+        await self._clear_partial_plan()
+        await self._fail(error)
+
+    async def _clear_partial_plan(self) -> None:
+        try:
+            await self.storage.remove_job_steps(self.job_id)
+        except Exception as error:  # a job without a plan never runs them; retention clears
+            log.warning("job %s: removing its partial plan failed: %s", self.job_id, error)
+
+    async def _persist_plan(self, source: Iterable[Any] | AsyncIterable[Any]) -> None:
+        """Reads, checks and writes the plan a chunk at a time, counting per-stage totals; the
+        job record says `has_plan` only once every chunk is stored. Errors of the plan's own
+        code are `PlanError`s."""
+        if await self.storage.list_starts(self.job_id, limit=1):
+            # An earlier activation's plan, never finished (no has_plan): its records go first.
+            await self.storage.remove_job_steps(self.job_id)
+        chunks = spec_chunks(source, self.options.plan_chunk_size)
+        # The second chunk is read before the first is written: whether the plan ends within
+        # its first chunk says how wide its step ids are when its length is not known.
+        head: list[list[StepSpec]] = [await anext(chunks, [])]
+        second = await anext(chunks, None)
+        more = second is not None
+        width = id_width(source, len(head[0]), more)
+        if second is not None:
+            head.append(second)
+        del second
+
+        async def in_order() -> AsyncIterator[list[StepSpec]]:
+            while head:
+                yield head.pop(0)
+            if more:
+                async for chunk in chunks:
+                    yield chunk
+
+        totals: dict[int, int] = {}
+        kept: list[PlannedStep] = []
+        offset = 0
+        async for chunk in in_order():
+            records = plan_records(chunk, offset, width)
+            if records:
+                await self.storage.insert_plan(self.job_id, records)
+            for record in records:
+                totals[record.stage] = totals.get(record.stage, 0) + 1
+            kept = kept or records
+            offset += len(records)
+            del chunk, records  # let the chunk go before the next is read
+        stages = Stages.from_totals(totals)
         resume = self._state.resume_after
         if resume is not None:
-            resume = self._skip_checkpointed(stages, resume, records, plan)
-        for offset in range(0, len(records), PLAN_CHUNK):
-            await self.storage.insert_plan(self.job_id, records[offset : offset + PLAN_CHUNK])
+            resume = await self._skip_checkpointed(stages, resume)
         update = {"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
         self.state = self._state.model_copy(update={**update, "resume_after": resume})
         self.stages = stages
         await self._set_status(JobStatus.PREPARING_STEPS)
-        self._plan = plan
+        stage = stages.first()
+        self._plan = {stage: first_run(kept, stage)}
+        # A plan that ended within its first chunk is whole in memory: nothing to read.
+        self.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=not more)
 
-    def _skip_checkpointed(
-        self,
-        stages: Stages,
-        resume: ResumeAfter,
-        records: list[PlannedStep],
-        plan: dict[int, list[StepStart]],
-    ) -> ResumeAfter | None:
+    async def _skip_checkpointed(self, stages: Stages, resume: ResumeAfter) -> ResumeAfter | None:
         """A start after a checkpoint: the checkpointed stages' steps are counted as succeeded
-        and taken out of `records` and `plan` (never stored, never run). The resume as kept (its
-        `stage` the last one skipped), or None when the layout changed and the job runs from
-        the top."""
+        and their records (written with the plan) deleted again, so they never run. The resume
+        as kept (its `stage` the last one skipped), or None when the layout changed and the
+        job runs from the top."""
         skipped = stages.skip_through(resume)
         if not skipped:
             log.warning("job %s runs from the top: its plan's stage layout is not the one of run "
                         "%s's checkpoint", self.job_id, resume.source)  # fmt: skip
             return None
-        records[:] = [r for r in records if r.stage > skipped[-1]]
         for stage in skipped:
-            del plan[stage]
+            while page := await self.storage.list_starts(
+                self.job_id, stage=stage, limit=self._page
+            ):
+                await self.storage.delete_steps(self.job_id, [row.step_id for row in page])
         log.info("job %s resumes after stage %d of run %s: stage(s) %s are not run again",
                  self.job_id, skipped[-1], resume.source, skipped)  # fmt: skip
         return resume.model_copy(update={"stage": skipped[-1]})
@@ -404,29 +458,68 @@ class JobCore:
         return []
 
     async def _adopt_stage(self, stage: int) -> list[StepStart]:
-        """The stage's unfinished steps in storage: those still running on a live host become
-        active here again instead of being started twice; returns the others."""
+        """The stage's steps stored running: those still running on a live host become active
+        here again instead of being started twice; returns the others, to start first. The
+        rest of the stage's unfinished steps come from the feed, from the top."""
         # Hosts first, storage after: a step that finishes between the two reads is then either
         # adopted and stored as finished (so left alone), never read running and found idle.
         host_of = await self.hosts.running(self.job_id)
-        return self._adopt(*await stored_unfinished(self.storage, self.job_id, stage), host_of)
+        running = await stored_running(self.storage, self.job_id, stage, host_of)
+        self.feed = Feed(stage, skip={row.step_id for row in running})
+        return self._adopt(running, host_of)
 
-    def _adopt(
-        self, starts: list[StepStart], stopped: set[str], host_of: dict[str, str]
-    ) -> list[StepStart]:
+    def _adopt(self, rows: list[StoredStart], host_of: dict[str, str]) -> list[StepStart]:
         """A stopped step runs again as its next attempt, so a stop report of the run it
         replaces, delivered again, cannot pass for the new run's outcome."""
         rest: list[StepStart] = []
-        for start in starts:
-            host = host_of.get(start.step_id)
+        for row in rows:
+            host = host_of.get(row.step_id)
             if host is not None:
-                self.window.active[start.step_id] = (start, host)
+                start = StepStart(row.step_id, row.type, row.stage, max(1, row.attempt),
+                                  row.request_json)  # fmt: skip
+                self.window.active[row.step_id] = (start, host)
                 self._watch(host)
-            elif start.step_id in stopped:
-                rest.append(start._replace(attempt=start.attempt + 1))
             else:
-                rest.append(start)
+                rest.append(to_start(row))
         return rest
+
+    async def _refill(self) -> None:
+        """The running stage's next page of steps from storage, once few wait to start."""
+        feed = self.feed
+        if feed is None or feed.done or len(self.window.pending) >= self._page:
+            return
+        if feed.stage != self._state.stage:
+            return
+        page = await self.storage.list_starts(
+            self.job_id, statuses=FEED_STATUSES, stage=feed.stage, after=feed.after,
+            limit=self._page,
+        )  # fmt: skip
+        starts, cannot = self._startable(feed.take(page, self._page))
+        self.window.pending.extend(starts)
+        if cannot:
+            await self._cannot_start(cannot)
+
+    async def _stop_unread(self) -> tuple[int, int]:
+        """A stop counts the running stage's steps the feed has not read yet as stopped (they
+        never started): (how many it counted now, how many it read)."""
+        feed = self.feed
+        counter = None if feed is None else self.stages.counters.get(feed.stage)
+        if feed is None or counter is None or feed.stage != self._state.stage:
+            return 0, 0
+        counted = read = 0
+        while not feed.done:
+            page = await self.storage.list_starts(
+                self.job_id, statuses=FEED_STATUSES, stage=feed.stage, after=feed.after,
+                limit=self._page,
+            )  # fmt: skip
+            for start in feed.take(page, self._page):
+                if start.step_id in self.window.active:
+                    continue
+                read += 1
+                if self.counting.count_stop(start.step_id):
+                    counter.stopped += 1
+                    counted += 1
+        return counted, read
 
     async def _forget_stored_outcomes(self, stage: int) -> None:
         """After a recount: active steps whose outcome storage holds are counted by it."""
@@ -560,7 +653,10 @@ class JobCore:
         """Hands pending steps to hosts while the window and the throttle allow. A step whose
         type cannot be loaded fails to start: it is recorded FAILED and counted."""
         answers: list[asyncio.Future[bool]] = []
-        while self.live and (batch := self.window.next_batch()):
+        while self.live:
+            await self._refill()
+            if not (batch := self.window.next_batch()):
+                break
             shared: list[StepStart] = []
             cannot: list[tuple[StepStart, str]] = []
             for start in batch:
@@ -753,8 +849,18 @@ class JobCore:
         return (
             not window.active and not window.pending and not window.start_failed
             and not self.retries.pending and self.awaiting_admission is None
-            and self._state.stage in self.stages.counters
+            and self._state.stage in self.stages.counters and self._fed()
         )  # fmt: skip
+
+    @property
+    def _page(self) -> int:
+        """Steps the feed reads per page."""
+        return feed_page(self.options.plan_chunk_size)
+
+    def _fed(self) -> bool:
+        """The feed has no more steps of the running stage to read."""
+        feed = self.feed
+        return feed is None or feed.done or feed.stage != self._state.stage
 
     # -- outcomes -----------------------------------------------------------------------------
 
@@ -868,6 +974,11 @@ class JobCore:
         self.tally.failed += failed
         self.tally.stopped += stopped
         self._dirty = True
+        try:
+            self.tally.stopped += (await self._stop_unread())[0]
+        except Exception as error:  # they start when the job resumes all the same
+            log.warning("job %s: counting its unread steps as stopped failed: %s", self.job_id,
+                        error)  # fmt: skip
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
         await self._finish_stop_when_reported()
 
@@ -885,11 +996,13 @@ class JobCore:
         for start in not_running:
             if self.counting.count_stop(start.step_id):
                 self.tally.stopped += 1
+        counted, read = await self._stop_unread()
+        self.tally.stopped += counted
         if stage in self.stages.counters:
             # Running steps whose stop an earlier execution counted stay counted: their stop
-            # report is then a duplicate.
-            unfinished = [s.step_id for s in not_running] + list(self.window.active)
-            self.stages[stage].stopped = sum(s in self.counting.stopped for s in unfinished)
+            # report is then a duplicate. Every step read here is counted stopped now.
+            active = sum(s in self.counting.stopped for s in self.window.active)
+            self.stages[stage].stopped = len(not_running) + read + active
         self._dirty = True
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
         await self._finish_stop_when_reported()
@@ -950,6 +1063,8 @@ class JobCore:
             return
         if action is Resume.MISSING_PLAN:
             message = "the job was interrupted before its step plan was stored"
+            # A plan cut short while it was written is no plan: its records go, never run.
+            await self._clear_partial_plan()
             if state.status is not JobStatus.FAILED:
                 await self._finish_with(
                     JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
@@ -958,11 +1073,16 @@ class JobCore:
         # Every read before the first change: a failed read leaves the activation as it was.
         host_of = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
         counts = await self.storage.count_by_status(self.job_id)
-        unfinished, stopped = await stored_unfinished(self.storage, self.job_id, state.stage)
+        running = await stored_running(self.storage, self.job_id, state.stage, host_of)
+        stopped = self.counting.stopped
+        stored = (
+            await stored_among(self.storage, self.job_id, state.stage, stopped)
+            if stopped
+            else set()
+        )
         self.stages.recount(counts)
         # A stop counted for a step that has since reached its outcome (a take-back lost with
         # an activation before it was saved) is taken back now.
-        stored = {start.step_id for start in unfinished}
         for step_id in [s for s in self.counting.stopped if s not in stored]:
             self.counting.take_back_stop(step_id)
         resuming.rebase_stops(self.stages, len(self.counting.stopped), state.stage)
@@ -976,7 +1096,8 @@ class JobCore:
         # their reports count, and a stop while the hook is owed reaches them.
         # The others start once the resume hook succeeded; until then they are the stage's
         # never-started steps (a stop counts them as stopped).
-        self._plan = {state.stage: self._adopt(unfinished, stopped, host_of)}
+        self._plan = {state.stage: self._adopt(running, host_of)}
+        self.feed = Feed(state.stage, skip={row.step_id for row in running})
         await self._forget_stored_outcomes(state.stage)
         try:
             await self._set_status(JobStatus.RUNNING)
@@ -1054,6 +1175,9 @@ class JobCore:
                     RetryFailedStepsError.COULD_NOT_PERSIST, str(error)
                 ) from error
             self.live = True
+            # They are the whole stage now: nothing is read from storage (where they are
+            # SCHEDULED again) on top of them.
+            self.feed = None
             self.window.pending.extend(failed)
             self._kick()
             return len(failed)
@@ -1151,15 +1275,15 @@ class JobCore:
     async def _restart_orphans(self, stage: int) -> None:
         """Nothing runs here, yet storage holds unfinished steps of the stage (an answer or a
         report was lost across a reactivation): those running nowhere start again."""
-        orphans = await self._adopt_stage(stage)
-        if orphans:
+        self.window.pending.extend(await self._adopt_stage(stage))
+        await self._refill()
+        if self.window.pending:
             log.warning(
-                "job %s: %d unfinished steps of stage %s run nowhere; starting them",
+                "job %s: unfinished steps of stage %s run nowhere; starting them (%d read so far)",
                 self.job_id,
-                len(orphans),
                 stage,
+                len(self.window.pending),
             )
-            self.window.pending.extend(orphans)
 
     # -- persistence --------------------------------------------------------------------------
 

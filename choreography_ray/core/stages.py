@@ -9,16 +9,22 @@ next one start. Each stage is admitted (`admit_stage`) before it starts.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from choreography_ray.job import Job, StepSpec
+from choreography_ray.job import Job
 from choreography_ray.model import JobProgress, ResumeAfter, StageProgress, StageShape
-from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import UNFINISHED_STEP, JobStageFailureBehavior, StepStatus
-from choreography_ray.storage import PlannedStep, StatusCounts, StepUpdate, Storage, step_pages
+from choreography_ray.storage import (
+    PAGE,
+    StatusCounts,
+    StepUpdate,
+    Storage,
+    StoredStart,
+    starts_of,
+    step_pages,
+)
 
 
 @dataclass(slots=True)
@@ -164,41 +170,43 @@ def after_stage(stages: Stages, stage: int, job: Job[Any]) -> AfterStage:
     return AfterStage(later[0])
 
 
-#: Plan records written per insert.
-PLAN_CHUNK = 50_000
-
-
-def make_plan(specs: Sequence[StepSpec]) -> tuple[list[PlannedStep], dict[int, list[StepStart]]]:
-    """The plan's records, and its first run's steps by stage. A step id is the step's position
-    in the plan, zero-padded to at least six digits."""
-    width = max(6, len(str(len(specs))))
-    records: list[PlannedStep] = []
-    plan: dict[int, list[StepStart]] = {}
-    for index, spec in enumerate(specs):
-        step_id = f"{index:0{width}d}"
-        request = spec.request.model_dump_json()
-        records.append(PlannedStep(step_id, spec.step_type, spec.stage, request))
-        plan.setdefault(spec.stage, []).append(
-            StepStart(step_id, spec.step_type, spec.stage, 1, request)
+async def stored_running(
+    storage: Storage, job_id: str, stage: int, host_of: dict[str, str]
+) -> list[StoredStart]:
+    """The stage's steps stored RUNNING, and those a live host runs whatever their stored
+    status (a host's RUNNING write may not be flushed yet): what a resume adopts or starts
+    first. As many as were active, not the stage's size."""
+    running: list[StoredStart] = []
+    after: str | None = None
+    while True:
+        page = await storage.list_starts(
+            job_id, statuses=(StepStatus.RUNNING,), stage=stage, after=after, limit=PAGE
         )
-    return records, plan
+        running += page
+        if len(page) < PAGE:
+            break
+        after = page[-1].step_id
+    seen = {row.step_id for row in running}
+    for step_id in sorted(host_of.keys() - seen):
+        step = await storage.get_step(job_id, step_id)
+        if step is not None and step.stage == stage and step.status in UNFINISHED_STEP:
+            running += starts_of([step])
+    return running
 
 
-async def stored_unfinished(
-    storage: Storage, job_id: str, stage: int
-) -> tuple[list[StepStart], set[str]]:
-    """The stage's unfinished steps from storage at their stored attempt, the ones that were
-    running first; and the ids of those stored STOPPED."""
-    running: list[StepStart] = []
-    others: list[StepStart] = []
-    stopped: set[str] = set()
-    async for page in step_pages(storage, job_id, statuses=UNFINISHED_STEP, stage=stage):
-        for s in page:
-            start = StepStart(s.step_id, s.type, s.stage, max(1, s.attempt), json.dumps(s.request))
-            (running if s.status is StepStatus.RUNNING else others).append(start)
-            if s.status is StepStatus.STOPPED:
-                stopped.add(s.step_id)
-    return running + others, stopped
+async def stored_among(storage: Storage, job_id: str, stage: int, ids: Set[str]) -> set[str]:
+    """Which of `ids` are among the stage's unfinished steps in storage, read a page at a
+    time."""
+    found: set[str] = set()
+    after: str | None = None
+    while True:
+        page = await storage.list_starts(
+            job_id, statuses=UNFINISHED_STEP, stage=stage, after=after, limit=PAGE
+        )
+        found.update(row.step_id for row in page if row.step_id in ids)
+        if len(page) < PAGE:
+            return found
+        after = page[-1].step_id
 
 
 async def mark_unreachable(

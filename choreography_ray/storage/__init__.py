@@ -94,6 +94,26 @@ class PlannedStep(NamedTuple):
     request_json: str
 
 
+class StoredStart(NamedTuple):
+    """What starting a stored step needs, as `list_starts` reads it: no record object, the
+    request as JSON text."""
+
+    step_id: str
+    type: str
+    stage: int
+    status: StepStatus
+    attempt: int
+    request_json: str
+
+
+def starts_of(steps: Sequence[StepState]) -> list[StoredStart]:
+    """`list_starts` for providers without a faster path: from the step records."""
+    return [
+        StoredStart(s.step_id, s.type, s.stage, s.status, s.attempt, json.dumps(s.request))
+        for s in steps
+    ]
+
+
 def planned_records(job_id: str, steps: Sequence[PlannedStep]) -> list[StepState]:
     """The step records of a plan, for providers without a faster path."""
     now = utcnow()
@@ -243,6 +263,18 @@ class Storage(Protocol):
     ) -> list[StepState]:
         """A page of a job's steps ordered by step id, those after `after`."""
 
+    async def list_starts(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredStart]:
+        """The page `list_steps` reads, as what starting each step needs: the window's feed
+        reads a large stage this way, a page at a time, without building records."""
+
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         """Bulk status update, in one write. Steps that no longer exist, or whose stored attempt
         is later than the update's, are skipped: an earlier attempt's outcome, written again
@@ -367,11 +399,13 @@ __all__ = [
     "StatusCounts",
     "StepUpdate",
     "Storage",
+    "StoredStart",
     "as_utc",
     "chunks",
     "open_storage",
     "planned_records",
     "redact_url",
+    "starts_of",
     "step_pages",
     "utc_text",
 ]

@@ -32,8 +32,10 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredStart,
     as_utc,
     planned_records,
+    starts_of,
 )
 
 
@@ -201,6 +203,20 @@ class MemoryStorage:
             if len(page) >= limit:
                 break
         return page
+
+    async def list_starts(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredStart]:
+        page = await self.list_steps(
+            job_id, statuses=statuses, stage=stage, after=after, limit=limit
+        )
+        return starts_of(page)
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         now = utcnow()

@@ -112,9 +112,11 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredStart,
     chunks,
     planned_records,
     redact_url,
+    starts_of,
 )
 
 #: Driver options and defaults, in milliseconds. Server selection bounds how long an unreachable
@@ -562,6 +564,20 @@ class MongoStorage:
             return sorted(docs, key=lambda doc: str(doc.get("step_id")))[:limit]
 
         return [_parse(StepState, "job_steps", doc) for doc in await self._run(find)]
+
+    async def list_starts(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredStart]:
+        page = await self.list_steps(
+            job_id, statuses=statuses, stage=stage, after=after, limit=limit
+        )
+        return starts_of(page)
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         now = _encode(utcnow())

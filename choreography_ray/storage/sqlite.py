@@ -106,6 +106,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredStart,
     chunks,
     utc_text,
 )
@@ -187,6 +188,7 @@ _JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease", "re
 _JOB_FIELDS = ", ".join(_JOB_COLUMNS)
 _JOB_SELECT = f"SELECT {_JOB_FIELDS} FROM jobs"
 _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
+_START_SELECT = "SELECT step_id, type, stage, status, attempt, request, job_id FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 _STEP_STATUSES = frozenset(StepStatus)
@@ -342,6 +344,27 @@ class SqliteStorage:
             return []
         sql, args = page
         return [_step(row) for row in await self._query(sql, *args)]
+
+    async def list_starts(
+        self,
+        job_id: str,
+        *,
+        statuses: Collection[StepStatus] | None = None,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredStart]:
+        page: tuple[str, list[object]] | None
+        if statuses is not None and StepStatus.SCHEDULED in statuses:
+            page = _plan_page(job_id, statuses, stage, after, limit)
+        else:
+            page = _steps_page(
+                job_id, statuses, stage, after, limit, not self.read_only, _START_SELECT
+            )
+        if page is None:
+            return []
+        sql, args = page
+        return [_start(row) for row in await self._query(sql, *args)]
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         if updates:
@@ -620,6 +643,7 @@ def _steps_page(
     after: str | None,
     limit: int,
     named: bool = True,
+    select: str = _STEP_SELECT,
 ) -> tuple[str, list[object]] | None:
     """The query of a `list_steps` page, None when it can match nothing; `named`: the status
     index is named (`INDEXED BY`)."""
@@ -630,7 +654,7 @@ def _steps_page(
     if after is not None:
         where, args = f"{where} AND step_id > ?", [*args, after]
     if statuses is None and stage is None:
-        return f"{_STEP_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
+        return f"{select} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
     # One index range per status, each in step-id order already (the indexes end in the key),
     # merged: a page costs O(statuses * limit) however many steps the job has. The index is
     # named: without `after`, SQLite's planner (no statistics) prefers the primary key for
@@ -640,7 +664,7 @@ def _steps_page(
         return None
     index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
     hint = f" INDEXED BY {index}" if named else ""
-    branch = f"SELECT * FROM ({_STEP_SELECT}{hint} WHERE {where} AND status = ? "
+    branch = f"SELECT * FROM ({select}{hint} WHERE {where} AND status = ? "
     branch += "ORDER BY step_id LIMIT ?)"
     sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
     return sql, [*(a for status in wanted for a in (*args, status, limit)), limit]
@@ -809,6 +833,38 @@ def _add_counted(
 
 def _job(row: Sequence[Any]) -> JobState:
     return _parse(JobState, _JOB_COLUMNS, row, "jobs", row[0])
+
+
+def _plan_page(
+    job_id: str,
+    statuses: Collection[StepStatus],
+    stage: int | None,
+    after: str | None,
+    limit: int,
+) -> tuple[str, list[object]]:
+    """The query of a `list_starts` page that reads SCHEDULED steps, the bulk of a plan not yet
+    run: the primary key's range in step-id order, the other conditions checked on each row. A
+    page then costs its rows (and the rows it passes over once), where one range per status of
+    the status index would look each row up in the table too."""
+    marks = ", ".join("?" * len(statuses))
+    where = f"job_id = ? AND status IN ({marks})"
+    args: list[object] = [job_id, *sorted(statuses)]
+    if stage is not None:
+        where, args = f"{where} AND stage = ?", [*args, stage]
+    if after is not None:
+        where, args = f"{where} AND step_id > ?", [*args, after]
+    return f"{_START_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
+
+
+_STATUS_OF = {status.value: status for status in StepStatus}
+
+
+def _start(row: Sequence[Any]) -> StoredStart:
+    step_id, step_type, stage, status, attempt, request, job_id = row
+    known = _STATUS_OF.get(status)
+    if known is None:
+        raise CorruptRecordError("job_steps", f"{job_id}/{step_id}", f"unknown status {status!r}")
+    return StoredStart(step_id, step_type, stage, known, attempt, request)
 
 
 def _step(row: Sequence[Any]) -> StepState:

@@ -46,6 +46,7 @@ from choreography_ray.storage import (
     PlannedStep,
     StepUpdate,
     Storage,
+    StoredStart,
     open_storage,
     redact_url,
 )
@@ -464,6 +465,32 @@ async def test_list_steps__filters_by_status_and_stage_while_paging(storage: Sto
     )
     assert await ids(statuses=[]) == []
     assert await ids(statuses=[StepStatus.STOPPED]) == []
+
+
+async def test_list_starts__the_page_list_steps_reads_as_what_starting_needs(
+    storage: Storage,
+) -> None:
+    statuses = [SCHEDULED, RUNNING, FAILED]
+    await storage.insert_steps(
+        [
+            step("j1", f"s{i:03d}", stage=i % 2, status=statuses[i % 3], attempt=i % 4,
+                 request={"n": i, "nested": {"a": [1, "x"]}})
+            for i in range(30)
+        ]
+    )  # fmt: skip
+
+    for filters in ({}, {"statuses": [RUNNING]}, {"stage": 1, "statuses": {FAILED, SCHEDULED}}):
+        found, after = [], None
+        while page := await storage.list_starts("j1", after=after, limit=4, **filters):  # type: ignore[arg-type]
+            found += page
+            after = page[-1].step_id
+        records = await storage.list_steps("j1", limit=100, **filters)  # type: ignore[arg-type]
+        assert all(isinstance(f, StoredStart) for f in found)
+        assert [(*f[:5], json.loads(f.request_json)) for f in found] == [
+            (s.step_id, s.type, s.stage, s.status, s.attempt, s.request) for s in records
+        ]
+    assert await storage.list_starts("j1", statuses=[]) == []
+    assert await storage.list_starts("missing") == []
 
 
 async def test_update_steps__sets_status_appends_changes_and_sets_or_clears_lease(

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
 import choreography_ray as cr
-from choreography_ray.job import StepSpec
+from choreography_ray.job import PlanSteps, StepSpec
 
 #: A step type path that names nothing: its steps fail to start.
 MISSING_STEP = "tests.unit.core.jobs:MissingStep"
@@ -170,3 +172,55 @@ class NotKeptWithFailuresJob(StagedJob):
     """Drops its records once it completed with failures."""
 
     keep_after_completed_with_failures = False
+
+
+class Streamed(BaseModel):
+    #: Steps of the plan; step i is in stage `i % stages` (the stages interleave in the plan).
+    steps: int = 10
+    stages: int = 1
+    #: How `prepare_steps` returns the plan: "list", "generator", "async" (an async generator),
+    #: "awaitable" (a coroutine returning a generator) or "awaitable-async".
+    form: str = "generator"
+    #: The plan's code raises when it reaches this position (None: never).
+    raises_at: int | None = None
+    #: The plan yields something that is not a step at this position (None: never).
+    not_a_step_at: int | None = None
+
+
+class StreamedJob(cr.Job[Streamed]):
+    """A plan returned in any form `prepare_steps` may return it in; every stage continues."""
+
+    def get_failure_behavior_for(self, stage: int) -> cr.JobStageFailureBehavior:
+        return cr.JobStageFailureBehavior.CONTINUE_WITH_NEXT_STAGE
+
+    def _specs(self, request: Streamed) -> Iterator[object]:
+        for i in range(request.steps):
+            if i == request.raises_at:
+                raise RuntimeError(f"the plan failed at step {i} on purpose")
+            if i == request.not_a_step_at:
+                yield {"n": i}
+                continue
+            yield self.create_step(NoopStep, Item(n=i), stage=i % request.stages)
+
+    def prepare_steps(self, request: Streamed) -> PlanSteps:
+        specs: Any = self._specs(request)
+        if request.form == "list":
+            return list(specs)
+
+        async def streamed() -> AsyncIterator[object]:
+            for spec in specs:
+                await asyncio.sleep(0)
+                yield spec
+
+        async def later(plan: object) -> Any:
+            await asyncio.sleep(0)
+            return plan
+
+        forms = {
+            "generator": lambda: specs,
+            "async": streamed,
+            "awaitable": lambda: later(specs),
+            "awaitable-async": lambda: later(streamed()),
+        }
+        result: PlanSteps = forms[request.form]()
+        return result

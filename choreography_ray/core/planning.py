@@ -1,0 +1,142 @@
+"""The plan as `prepare_steps` returns it, consumed in chunks, and the window's feed.
+
+`prepare_steps` may return a list, any iterable (a generator), an async iterable, or an
+awaitable of one of those. The plan is read `JobsOptions.plan_chunk_size` steps (50,000) at a
+time: each chunk is checked (every item a `StepSpec`), given its step ids, written and counted
+into per-stage totals, and let go; nothing holds the whole plan. Only the first chunk is kept,
+for the first run's first stage (it saves one read).
+
+A step id is the step's position in the plan, zero-padded: to `max(6, digits of the length)`
+when the length is known before the plan is read (a list, any sized collection, or a plan that
+ends within its first chunk), else to `UNSIZED_WIDTH` digits, so that ids sort as positions do.
+
+Once the plan is stored, the window is fed from storage (`Feed`): the running stage's
+unfinished steps in step-id order, a page at a time (`feed_page`: at most `FEED_PAGE`), the
+next page read once fewer than a page of steps wait to start.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+from choreography_ray.job import StepSpec
+from choreography_ray.runtime.messages import StepStart
+from choreography_ray.status import UNFINISHED_STEP, StepStatus
+from choreography_ray.storage import PlannedStep, StoredStart
+
+#: Digits of a step id when the plan's length is not known before it is read.
+UNSIZED_WIDTH = 10
+#: Steps the feed reads per page, at most.
+FEED_PAGE = 5_000
+
+
+class PlanError(Exception):
+    """`prepare_steps` (or the plan it returned, while it was read) failed: the job's error."""
+
+
+async def plan_source(returned: object) -> Iterable[Any] | AsyncIterable[Any]:
+    """What `prepare_steps` returned, awaited when it is an awaitable."""
+    if inspect.isawaitable(returned) and not isinstance(returned, AsyncIterable):
+        returned = await returned
+    if isinstance(returned, AsyncIterable | Iterable) and not isinstance(returned, str | bytes):
+        return returned
+    raise TypeError(
+        "prepare_steps must return steps made by create_step: a list, an iterable, an async "
+        f"iterable, or an awaitable of one; got {type(returned).__name__}"
+    )
+
+
+def feed_page(chunk: int) -> int:
+    """Steps the feed reads per page for a plan chunk of `chunk` steps."""
+    return min(FEED_PAGE, chunk)
+
+
+async def spec_chunks(
+    source: Iterable[Any] | AsyncIterable[Any], size: int
+) -> AsyncIterator[list[StepSpec]]:
+    """The plan, `size` steps at a time, each checked. Anything the plan's own code raises
+    while it is read is a `PlanError`."""
+    chunk: list[StepSpec] = []
+    position = 0
+    iterator: Any = aiter(source) if isinstance(source, AsyncIterable) else iter(source)
+    is_async = isinstance(source, AsyncIterable)
+    while True:
+        try:
+            spec = await anext(iterator) if is_async else next(iterator)
+        except (StopIteration, StopAsyncIteration):
+            break
+        except Exception as error:
+            raise PlanError(str(error)) from error
+        if not isinstance(spec, StepSpec):
+            message = (
+                "prepare_steps must return steps made by create_step; "
+                f"item {position} of the plan is a {type(spec).__name__}"
+            )
+            raise PlanError(message) from TypeError(message)
+        chunk.append(spec)
+        position += 1
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def id_width(source: object, first: int, more: bool) -> int:
+    """Step-id digits: from the plan's length when known (sized, or ended in its first
+    chunk), else `UNSIZED_WIDTH`."""
+    if isinstance(source, Sized):
+        return max(6, len(str(len(source))))
+    return UNSIZED_WIDTH if more else max(6, len(str(first)))
+
+
+def plan_records(specs: list[StepSpec], offset: int, width: int) -> list[PlannedStep]:
+    """A chunk's records: each step's id is its position in the plan."""
+    if offset + len(specs) > 10**width:
+        raise PlanError(f"a plan of unknown length may have at most {10**width - 1:,} steps")
+    return [
+        PlannedStep(f"{offset + i:0{width}d}", s.step_type, s.stage, s.request.model_dump_json())
+        for i, s in enumerate(specs)
+    ]
+
+
+def first_run(records: list[PlannedStep], stage: int) -> list[StepStart]:
+    """The steps of `stage` among the first chunk's records, as the first run starts them."""
+    return [
+        StepStart(r.step_id, r.type, r.stage, 1, r.request_json)
+        for r in records
+        if r.stage == stage
+    ]
+
+
+@dataclass(slots=True)
+class Feed:
+    """The running stage's unfinished steps not yet handed to the window, read from storage a
+    page at a time in step-id order, each once (`after` is the last id read). `skip`: steps
+    of the stage this activation holds already (adopted, or queued to run first)."""
+
+    stage: int
+    after: str | None = None
+    done: bool = False
+    skip: set[str] = field(default_factory=set)
+
+    def take(self, page: list[StoredStart], limit: int) -> list[StepStart]:
+        """A page read at `after`: the steps to start, each at its stored attempt (a stopped
+        step as its next one, so a stop report of the run it replaces, delivered again,
+        cannot pass for the new run's outcome)."""
+        if page:
+            self.after = page[-1].step_id
+        self.done = len(page) < limit
+        return [to_start(row) for row in page if row.step_id not in self.skip]
+
+
+def to_start(row: StoredStart) -> StepStart:
+    attempt = max(1, row.attempt) + (row.status is StepStatus.STOPPED)
+    return StepStart(row.step_id, row.type, row.stage, attempt, row.request_json)
+
+
+#: The statuses the feed reads: steps without an outcome.
+FEED_STATUSES = UNFINISHED_STEP
