@@ -207,7 +207,8 @@ from tests.runtime.decide_jobs import DecideRequest, DecidesThenFails
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.test_recovery import _run as run_script
 OPTIONS = cr.JobsOptions(reconciliation_interval=0, job_watchdog_interval=0.5,
-    scheduler=cr.SchedulerOptions(manifest_cycle=0.5, dispatch_interval=0.25, lock_ttl=2))
+    scheduler=cr.SchedulerOptions(manifest_cycle=0.5, dispatch_interval=0.25, lock_ttl=2,
+                                  default_retry_delay=timedelta(seconds=1)))
 storage, log = sys.argv[1], sys.argv[2]
 """
 
@@ -241,14 +242,15 @@ with cr.Jobs.connect(storage=storage, options=OPTIONS, namespace="sched-restart"
     up = datetime.now(timezone.utc)
     sched = jobs.scheduler("restart")
     deadline = time.time() + 120
-    while time.time() < deadline:
+    reached = False
+    while not reached and time.time() < deadline:
         slow = sched.runs("slow")
         due = [r for r in sched.runs("every-4s") if r.queued_at > up]
-        if slow[0].status.is_finished and any(r.status.is_finished for r in due):
-            break
+        reached = slow[0].status.is_finished and any(r.status.is_finished for r in due)
         time.sleep(0.1)
     time.sleep(1)
     print(json.dumps({
+        "reached": reached,
         "slow": [r.model_dump(mode="json") for r in sched.runs("slow")],
         "due": [r.model_dump(mode="json") for r in sched.runs("every-4s")],
         "up": up.isoformat(),
@@ -266,10 +268,15 @@ def _run(script: str, *args: str) -> dict[str, Any]:
 def test_cluster_restart__a_missed_manifest_runs_once_and_an_in_flight_run_is_rehydrated(
     tmp_path: Path,
 ) -> None:
+    """The first cluster may go down while a run of "every-4s" is in flight, its job not yet
+    past storing its plan: the second cluster fails that job (`MissingStepPlan`) and so its
+    run, whose retry is then the run queued since it came back. The retry delay is 1 s here:
+    at the default (5 min) the second cluster waited out its 120 s for that retry to end."""
     storage = f"sqlite:///{tmp_path / 'jobs.db'}"
     log = tmp_path / "slow.log"
     before = _run(FIRST_CLUSTER, storage, str(log))
     after = _run(SECOND_CLUSTER, storage, str(log))
+    assert after["reached"], after  # the slow run and a run queued since it came back ended
 
     # In flight when the cluster went down: rehydrated as the same job, never dispatched again.
     (slow,) = after["slow"]
