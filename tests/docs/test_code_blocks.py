@@ -4,7 +4,12 @@ in an empty directory and run with `python script.py`, on a local Ray of its own
 A block whose first line is a comment naming a file (`# myapp_recovery.py`) is saved under that
 name (it refers to itself by import path); any other as `<page>_<n>.py`. Blocks run from the
 empty directory, so `sqlite:///jobs.db` is a fresh file there; the checkout is on PYTHONPATH,
-as it is for a user working in a source checkout."""
+as it is for a user working in a source checkout.
+
+A block that shows a file as it is (`RUN_AS_FILE`) is run as that file by a test of its own.
+The scripts of the other selected blocks run `AT_ONCE` at a time, started by a module fixture
+as the first test asks for them (each script's Ray start is mostly waiting for its processes
+to come up); each test then waits for its own script and checks its exit."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 NAMED = re.compile(r"# (\w+\.py)\n")
+#: How many block scripts run at the same time.
+AT_ONCE = 2
+#: How long one script may take, in seconds.
+SCRIPT_SECONDS = 200
+#: Blocks that show a file as it is, which a test of its own runs as a script (checking more
+#: than its exit): block name -> the file. Here the block is checked to be that file.
+RUN_AS_FILE = {
+    # tests/acceptance/test_ray_app_example.py runs it (`python docs/examples/ray_app.py`).
+    "ray_apps_1.py": ROOT / "docs" / "examples" / "ray_app.py",
+}
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -33,19 +50,48 @@ def blocks() -> list[tuple[str, str]]:
     return found
 
 
+def run_script(name: str, code: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    script = directory / name
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "local"}
+    env.pop("CHOREOGRAPHY_STORAGE", None)
+    return subprocess.run(
+        [sys.executable, script.name], cwd=directory, env=env, capture_output=True, text=True,
+        timeout=SCRIPT_SECONDS,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scripts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The selected blocks' scripts, each started in an empty directory of its own, by name."""
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.module is request.module
+        and hasattr(item, "callspec")
+    }
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        yield {
+            name: pool.submit(run_script, name, code, tmp_path_factory.mktemp("block"))
+            for name, code in blocks()
+            if name in selected and name not in RUN_AS_FILE
+        }
+
+
 def test_the_pages_have_python_blocks() -> None:
     assert len(blocks()) >= 5
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * SCRIPT_SECONDS + 40)
 @pytest.mark.parametrize(("name", "code"), blocks(), ids=[name for name, _ in blocks()])
-def test_block_runs_as_a_script(name: str, code: str, tmp_path: Path) -> None:
-    script = tmp_path / name
-    script.write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "local"}
-    env.pop("CHOREOGRAPHY_STORAGE", None)
-    done = subprocess.run(
-        [sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=200,
-    )  # fmt: skip
+def test_block_runs_as_a_script(
+    name: str, code: str, scripts: dict[str, Future[subprocess.CompletedProcess[str]]]
+) -> None:
+    if name in RUN_AS_FILE:
+        assert code == RUN_AS_FILE[name].read_text(encoding="utf-8")
+        return
+    done = scripts[name].result()
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
