@@ -1,10 +1,10 @@
 """The `choreography-ray` command line as a user runs it: a real subprocess, its exit code and
 its output, on an SQLite file of the test's own.
 
-A command that runs a job starts its own local Ray (`--address local`, about 5-10 s), so those
-runs are few; bad input is refused before Ray starts, so those runs are cheap. The last tests
-submit runs to a `ray start --head` cluster with `ray job submit`, as DESIGN.md §7 asks: one
-head for the module, with token authentication, which must come up in CI (`CI=true`).
+The demo starts its own local Ray (`--address local`, about 5-10 s), as a user's first command
+does; bad input is refused before Ray starts, so those runs are cheap. The other runs join one
+`ray start --head` cluster for the module, with token authentication, which must come up in CI
+(`CI=true`): `run --address` and, as DESIGN.md §7 asks, `ray job submit`.
 """
 
 from __future__ import annotations
@@ -52,12 +52,15 @@ def cli_env() -> dict[str, str]:
 
 
 def cli(
-    *args: str, timeout: float = RUN_SECONDS, stdin: str | None = None
+    *args: str,
+    timeout: float = RUN_SECONDS,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "choreography_ray.cli", *args],
         cwd=REPO,
-        env=cli_env(),
+        env=cli_env() if env is None else env,
         input=stdin,
         capture_output=True,
         text=True,
@@ -113,14 +116,20 @@ def test_demo__completes_with_failures_and_shows_them(storage_url: str) -> None:
 
 # -- run ------------------------------------------------------------------------------------
 
+#: A test's time when it is the first of the module to run a job on `ray_head`, which starts then.
+HEAD_RUN_SECONDS = HEAD_START_SECONDS + 2 * HEAD_STOP_SECONDS + RUN_SECONDS
 
+
+@pytest.mark.timeout(HEAD_RUN_SECONDS)
 def test_run__valid_request_prints_the_final_state_as_json(
-    tmp_path: Path, storage_url: str
+    ray_head: RayHead, tmp_path: Path, storage_url: str
 ) -> None:
     request = write_request(tmp_path, {"names": ["ada", "grace", "linus"]})
+    scope = fresh_scope()
 
     done = cli("run", JOB_TYPE, "--request", str(request), "--storage", storage_url,
-               "--address", "local", "--timeout", "120")  # fmt: skip
+               "--scope", scope, "--address", ray_head.gcs, "--timeout", "120",
+               env=ray_head.env)  # fmt: skip
 
     assert done.returncode == 0, explain(done)
     state = json.loads(done.stdout)
@@ -128,14 +137,16 @@ def test_run__valid_request_prints_the_final_state_as_json(
     assert state["type"] == JOB_TYPE
     assert state["progress"]["total_steps"] == 3
     assert state["progress"]["successful_steps"] == 3
-    assert [job.id for job in stored_jobs(storage_url)] == [state["id"]]
+    assert [job.id for job in stored_jobs(storage_url, scope)] == [state["id"]]
 
 
-def test_run__job_with_failed_steps_exits_1(storage_url: str) -> None:
+@pytest.mark.timeout(HEAD_RUN_SECONDS)
+def test_run__job_with_failed_steps_exits_1(ray_head: RayHead, storage_url: str) -> None:
     request = json.dumps({"names": ["ada", "grace"], "fail": ["grace"]})
 
     done = cli("run", JOB_TYPE, "--request", "-", "--storage", storage_url,
-               "--address", "local", "--timeout", "120", stdin=request)  # fmt: skip
+               "--scope", fresh_scope(), "--address", ray_head.gcs, "--timeout", "120",
+               stdin=request, env=ray_head.env)  # fmt: skip
 
     assert done.returncode == 1, explain(done)
     state = json.loads(done.stdout)
@@ -221,8 +232,10 @@ def ray_command(name: str) -> str:
 class RayHead:
     """A `ray start --head` with token authentication, and how to reach its job server."""
 
-    #: The job server (dashboard) address, for `--address`.
+    #: The job server (dashboard) address, for `ray job --address`.
     address: str
+    #: The GCS address, for `choreography-ray run --address`.
+    gcs: str
     #: The environment of a user who has the cluster's token (`RAY_AUTH_MODE=token` and
     #: `RAY_AUTH_TOKEN_PATH`), with choreography-ray on PATH.
     env: dict[str, str]
@@ -259,7 +272,7 @@ def ray_head() -> Iterator[RayHead]:
     temp_dir = tempfile.mkdtemp(prefix="cra-", dir="/tmp")
     token = Path(temp_dir) / "auth_token"
     token.write_text(secrets.token_hex(32), encoding="utf-8")
-    dashboard = free_port()
+    dashboard, gcs = free_port(), free_port()
     env = {k: v for k, v in cli_env().items() if not k.startswith("RAY_AUTH_")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     # The job's entrypoint inherits the head's environment: choreography-ray on PATH, the
@@ -267,7 +280,8 @@ def ray_head() -> Iterator[RayHead]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     command = [
         ray_command("ray"), "start", "--head", "--block", "--temp-dir", temp_dir,
-        "--port", str(free_port()), "--dashboard-port", str(dashboard),
+        "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+        "--dashboard-port", str(dashboard),
         "--dashboard-host", "127.0.0.1", "--include-dashboard", "true",
         "--dashboard-agent-listen-port", str(free_port()),
         "--dashboard-agent-grpc-port", str(free_port()),
@@ -279,7 +293,7 @@ def ray_head() -> Iterator[RayHead]:
     log = open(Path(temp_dir) / "ray-start.log", "w+b")  # noqa: SIM115 - closed below
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)  # fmt: skip
-    head = RayHead(f"http://127.0.0.1:{dashboard}", env)
+    head = RayHead(f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}", env)
     try:
         deadline = time.monotonic() + HEAD_START_SECONDS
         while True:
