@@ -3,10 +3,6 @@
 A writer awaits the round its writes joined; the round resolves once its bulk write is durable,
 so a step reports only what storage already holds. A round that fails fails every writer of it
 (they retry); a flush that is cancelled cancels its round, so no writer waits forever.
-
-A round writes its updates before its deletes, so an update of a record the same round deletes
-is left out: the record ends deleted either way. That is the fast path of a step that succeeds
-before its `RUNNING` write was flushed: only its delete is written.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ class GroupCommit:
         self._delay = delay_seconds
         self._metrics = metrics
         self._updates: list[StepUpdate] = []
-        self._deletes: defaultdict[str, set[str]] = defaultdict(set)
+        self._deletes: defaultdict[str, list[str]] = defaultdict(list)
         #: The round's records by the metric labels of the writers that brought them.
         self._sizes: Counter[Labels] = Counter()
         self._round: asyncio.Future[None] | None = None
@@ -47,22 +43,12 @@ class GroupCommit:
         deletes: Iterable[tuple[str, str]] = (),
         labels: Labels = UNKNOWN,
     ) -> None:
-        """Joins the current round with these updates and (job_id, step_id) deletes and waits
-        until it is durable; `labels` tag the round's metrics (a round observes once per labels
-        among its writers)."""
-        await asyncio.shield(self.join(updates, deletes, labels))
-
-    def join(
-        self,
-        updates: Sequence[StepUpdate] = (),
-        deletes: Iterable[tuple[str, str]] = (),
-        labels: Labels = UNKNOWN,
-    ) -> asyncio.Future[None]:
-        """Joins the current round now; the round's future resolves once it is durable."""
+        """Joins the current round with these updates and (job_id, step_id) deletes; `labels`
+        tag the round's metrics (a round observes once per labels among its writers)."""
         self._updates.extend(updates)
         records = len(updates)
         for job_id, step_id in deletes:
-            self._deletes[job_id].add(step_id)
+            self._deletes[job_id].append(step_id)
             records += 1
         if self._metrics.enabled:
             self._sizes[labels] += records
@@ -70,7 +56,7 @@ class GroupCommit:
             loop = asyncio.get_running_loop()
             self._round = loop.create_future()
             loop.call_later(self._delay, self._start_flush)
-        return self._round
+        await asyncio.shield(self._round)
 
     def _start_flush(self) -> None:
         task = asyncio.get_running_loop().create_task(self._flush(), name="group-commit flush")
@@ -79,12 +65,11 @@ class GroupCommit:
 
     async def _flush(self) -> None:
         round_, updates, deletes, sizes = self._round, self._updates, self._deletes, self._sizes
-        self._round, self._updates, self._deletes = None, [], defaultdict(set)
+        self._round, self._updates, self._deletes = None, [], defaultdict(list)
         self._sizes = Counter()
         assert round_ is not None
         try:
             began = time.perf_counter()
-            updates = [u for u in updates if u.step_id not in deletes.get(u.job_id, ())]
             if updates:
                 await self._storage.update_steps(updates)
             for job_id, step_ids in deletes.items():

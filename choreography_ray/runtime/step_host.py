@@ -1,10 +1,9 @@
 """The step host: a named actor per node and CPU slot that activates many steps at once.
 
-A step's flow here: `start_steps` launches each `perform` (coroutines on this event loop, sync
-code in the thread pool) and returns once RUNNING (+ lease) for the whole batch is persisted in
-one group commit; outcomes are persisted in one group commit (a success deletes its record) and
-only then delivered to the job, in batches. A step that ends before its RUNNING write is flushed
-writes only its outcome (`GroupCommit`). A dedicated step actor is the same class hosting one step.
+A step's flow here: `start_steps` persists RUNNING (+ lease) for the whole batch in one group
+commit and returns; each `perform` then runs (coroutines on this event loop, sync code in the
+thread pool); outcomes are persisted in one group commit (a success deletes its record) and only
+then delivered to the job, in batches. A dedicated step actor is the same class hosting one step.
 
 Whatever a perform raises is its step's outcome, never its batch's or the host's: a
 `CancelledError` the host did not ask for (the step was not told to stop) is a failure, and so is
@@ -100,7 +99,7 @@ class StepHostCore:
         #: Each job's metric tags, as its start batches said them; dropped with `job_tenant`.
         self.job_labels: dict[str, Labels] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
-        #: Running steps whose RUNNING write is not done: `running_steps` leaves them out.
+        #: Running steps whose RUNNING write is not done: not launched, and dropped if it fails.
         self.unwritten: set[tuple[str, str]] = set()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
@@ -172,26 +171,23 @@ class StepHostCore:
         change = StatusChange(status=StepStatus.RUNNING)
         lease = self.lease(tenant)
         self.unwritten.update(keys)
-        written = tenant.commit.join(
-            [
-                StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
-                for s in steps
-            ],
-            labels=self.job_labels.get(job_id, UNKNOWN),
-        )
-        # The steps run while their RUNNING write waits for its round: the outcome of one that
-        # ends before the round is flushed joins the same round, which then writes only the
-        # outcome. The answer still waits for the round: once the job has it, storage holds
-        # RUNNING or the outcome of every step of the batch.
-        for step in steps:
-            self._launch(job_id, step, tenant.options)
         try:
-            # If it fails, the job starts these steps again or counts an outcome it finds
-            # stored: the runs here go on, and a start of the same attempt sent back here is
-            # not run twice.
-            await asyncio.shield(written)
+            await tenant.commit.write(
+                [
+                    StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
+                    for s in steps
+                ],
+                labels=self.job_labels.get(job_id, UNKNOWN),
+            )
+        except BaseException:
+            for key in keys:
+                tenant.leased.pop(key, None)
+                self._pop_running(key)
+            raise
         finally:
             self.unwritten.difference_update(keys)
+        for step in steps:
+            self._launch(job_id, step, tenant.options)
         return len(steps)
 
     def _launch(self, job_id: str, step: StepStart, options: JobsOptions) -> None:
@@ -325,7 +321,7 @@ class StepHostCore:
         return told
 
     def running_steps(self, job_id: str) -> list[str]:
-        """The job's steps running here, but for those whose RUNNING write is pending."""
+        """The job's steps launched here (a step whose RUNNING write is pending is not yet)."""
         return [
             step_id
             for (owner, step_id) in self.running
