@@ -13,6 +13,7 @@ import asyncio
 import fcntl
 import json
 import os
+import random
 import socket
 import time
 import uuid
@@ -174,11 +175,25 @@ def seed_job(
 # -- processes ------------------------------------------------------------------------------------
 
 
+#: Where `free_port` looks: below the kernel's ephemeral range (32768-60999 here), which every
+#: outgoing connection takes its local port from, and above Ray's worker ports (10002-19999), so
+#: that a port handed out stays free until the process it is for binds it.
+FREE_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback TCP port free at the moment of asking."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A loopback TCP port free at the moment of asking, never the same twice in a process."""
+    while True:
+        port = random.choice(FREE_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
 
 

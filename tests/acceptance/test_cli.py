@@ -308,6 +308,10 @@ def ray_head() -> Iterator[RayHead]:
                                 f"{listed.stderr[-2000:]}")  # fmt: skip
             time.sleep(1)
         yield head
+        if process.poll() is not None:  # its tests failed on a head that was gone: say why
+            log.seek(0)
+            pytest.fail(f"`ray start --head` exited during the module ({process.returncode}): "
+                        f"{log.read().decode()[-4000:]}")  # fmt: skip
     finally:
         if process.poll() is None:
             # SIGINT, not SIGTERM: SIGTERM first drains the node, which here takes half a

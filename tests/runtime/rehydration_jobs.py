@@ -103,7 +103,8 @@ class FlakyKeys:
     """A recovery key provider whose `get_keys` fails `fail` times, then returns its keys.
 
     Its configuration is the file `events_dir()/{token}.json` ({"fail": n, "keys": [[scope,
-    namespace], ...]}); each call appends a line to `{token}.calls.jsonl`. Use the import path
+    namespace], ...]}, and optionally "after": [scope, job_id]: it goes on failing until that
+    job has resumed); each call appends a line to `{token}.calls.jsonl`. Use the import path
     `flaky_keys_path(token)`: the module builds one subclass per token on attribute access.
     """
 
@@ -113,7 +114,11 @@ class FlakyKeys:
         config = json.loads((events_dir() / f"{self.token}.json").read_text())
         calls = events_dir() / f"{self.token}.calls.jsonl"
         trace(calls, at=time.time())
-        if len(read_trace(calls)) <= config["fail"]:
+        after = config.get("after")
+        waiting = after is not None and not any(
+            e["job"] == after[1] for e in read_trace(events_file(after[0], "resumed"))
+        )
+        if waiting or len(read_trace(calls)) <= config["fail"]:
             raise RuntimeError(f"key provider {self.token} is not ready yet")
         return [cr.JobsManagerKey(scope=s, namespace=n) for s, n in config["keys"]]
 

@@ -166,12 +166,15 @@ class Run:
         """SIGINT, then its exit code, stdout and stderr."""
         time.sleep(1)  # past the message, in its wait
         self.process.send_signal(signal.SIGINT)
+        # Not `communicate()`: it would read stderr too, taking lines from the reader thread.
+        # The JSON on stdout is small, so the pipe cannot fill while the process exits.
         try:
-            out, _ = self.process.communicate(timeout=120)
+            self.process.wait(timeout=120)
         finally:
             self.process.kill()
             self._reader.join(10)
-        return self.process.returncode, out, "".join(self.err)
+        assert self.process.stdout is not None
+        return self.process.returncode, self.process.stdout.read(), "".join(self.err)
 
 
 def test_run__ctrl_c_stops_the_job_without_a_terminal_or_detaches_when_asked(
