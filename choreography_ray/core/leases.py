@@ -5,7 +5,9 @@ heartbeat); its step host renews it by a timer every third of the timeout, only 
 is still RUNNING at that attempt. A step is restarted only when its owner is gone (its node is
 not alive, or its hosting actor is dead or a new incarnation) and its lease has expired. A
 running step without a lease (written by an older release) is left alone for one lease period
-after its last change.
+after its last change. A step stored at an earlier attempt whose host the job saw go never had
+its RUNNING write stored (a host runs a step while that write waits for its round): it starts
+again at once.
 """
 
 from __future__ import annotations
@@ -42,7 +44,14 @@ async def expired(
     records = await storage.get_steps(job_id, list(active))
     for step_id in sorted(records):
         step, entry = records[step_id], active[step_id]
-        if step.status is not StepStatus.RUNNING or step.stage != stage:
+        if step.stage != stage:
+            continue
+        if step_id in owner_lost and step.attempt < entry[0].attempt:
+            # Its host went before its RUNNING write of this attempt was stored: no lease of
+            # this attempt will ever expire.
+            stale.append(entry[0])
+            continue
+        if step.status is not StepStatus.RUNNING:
             continue
         if step.lease is None:
             if now - step.updated > timeout:

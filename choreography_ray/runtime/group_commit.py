@@ -3,6 +3,12 @@
 A writer awaits the round its writes joined; the round resolves once its bulk write is durable,
 so a step reports only what storage already holds. A round that fails fails every writer of it
 (they retry); a flush that is cancelled cancels its round, so no writer waits forever.
+
+Rounds are written one at a time, in the order they began: a write that joined a later round
+lands after every write of the earlier ones. Within a round, updates are written before
+deletes, and an update of a record the same round deletes is left out (the record ends deleted
+either way): a step that succeeds before its `RUNNING` write is flushed writes only its delete.
+Two updates of one record in a round are written in the order they joined.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ class GroupCommit:
         self._delay = delay_seconds
         self._metrics = metrics
         self._updates: list[StepUpdate] = []
-        self._deletes: defaultdict[str, list[str]] = defaultdict(list)
+        self._deletes: defaultdict[str, set[str]] = defaultdict(set)
         #: The round's records by the metric labels of the writers that brought them.
         self._sizes: Counter[Labels] = Counter()
         self._round: asyncio.Future[None] | None = None
-        #: Flushes in flight: the loop keeps only weak references to tasks.
-        self._flushes: set[asyncio.Task[None]] = set()
+        #: The flush in flight (one at a time), and whether the next round is due meanwhile.
+        self._flushing: asyncio.Task[None] | None = None
+        self._due = False
 
     async def write(
         self,
@@ -43,12 +50,23 @@ class GroupCommit:
         deletes: Iterable[tuple[str, str]] = (),
         labels: Labels = UNKNOWN,
     ) -> None:
-        """Joins the current round with these updates and (job_id, step_id) deletes; `labels`
-        tag the round's metrics (a round observes once per labels among its writers)."""
+        """Joins the current round with these updates and (job_id, step_id) deletes and waits
+        until it is durable; `labels` tag the round's metrics (a round observes once per labels
+        among its writers)."""
+        await self.join(updates, deletes, labels)
+
+    def join(
+        self,
+        updates: Sequence[StepUpdate] = (),
+        deletes: Iterable[tuple[str, str]] = (),
+        labels: Labels = UNKNOWN,
+    ) -> asyncio.Future[None]:
+        """Joins the current round now; the future (shielded: cancelling a waiter leaves the
+        round alone) resolves once the round is durable."""
         self._updates.extend(updates)
         records = len(updates)
         for job_id, step_id in deletes:
-            self._deletes[job_id].append(step_id)
+            self._deletes[job_id].add(step_id)
             records += 1
         if self._metrics.enabled:
             self._sizes[labels] += records
@@ -56,22 +74,34 @@ class GroupCommit:
             loop = asyncio.get_running_loop()
             self._round = loop.create_future()
             loop.call_later(self._delay, self._start_flush)
-        await asyncio.shield(self._round)
+        return asyncio.shield(self._round)
 
     def _start_flush(self) -> None:
-        task = asyncio.get_running_loop().create_task(self._flush(), name="group-commit flush")
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
+        if self._flushing is not None:
+            self._due = True
+            return
+        self._flushing = asyncio.get_running_loop().create_task(
+            self._flush(), name="group-commit flush"
+        )
+        self._flushing.add_done_callback(self._flushed)
+
+    def _flushed(self, _task: asyncio.Task[None]) -> None:
+        self._flushing = None
+        if self._due:
+            self._due = False
+            self._start_flush()
 
     async def _flush(self) -> None:
         round_, updates, deletes, sizes = self._round, self._updates, self._deletes, self._sizes
-        self._round, self._updates, self._deletes = None, [], defaultdict(list)
+        self._round, self._updates, self._deletes = None, [], defaultdict(set)
         self._sizes = Counter()
         assert round_ is not None
         try:
             began = time.perf_counter()
-            if updates:
-                await self._storage.update_steps(updates)
+            for batch in _in_order(
+                u for u in updates if u.step_id not in deletes.get(u.job_id, ())
+            ):
+                await self._storage.update_steps(batch)
             for job_id, step_ids in deletes.items():
                 await self._storage.delete_steps(job_id, step_ids)
             self._observe(sizes, time.perf_counter() - began)
@@ -89,3 +119,18 @@ class GroupCommit:
                 Histogram.STORAGE_WRITE_SECONDS, seconds, labels, WriteOperation.GROUP_COMMIT
             )
             self._metrics.observe(Histogram.BATCH_SIZE, records, labels, BatchKind.GROUP_COMMIT)
+
+
+def _in_order(updates: Iterable[StepUpdate]) -> list[list[StepUpdate]]:
+    """The updates as bulk writes that each touch a record once (a provider may apply one bulk
+    write's updates in any order): a second update of a record starts the next one."""
+    batches: list[list[StepUpdate]] = [[]]
+    seen: set[tuple[str, str]] = set()
+    for u in updates:
+        key = (u.job_id, u.step_id)
+        if key in seen:
+            batches.append([])
+            seen.clear()
+        seen.add(key)
+        batches[-1].append(u)
+    return [batch for batch in batches if batch]

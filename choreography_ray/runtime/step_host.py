@@ -1,9 +1,14 @@
 """The step host: a named actor per node and CPU slot that activates many steps at once.
 
-A step's flow here: `start_steps` persists RUNNING (+ lease) for the whole batch in one group
-commit and returns; each `perform` then runs (coroutines on this event loop, sync code in the
-thread pool); outcomes are persisted in one group commit (a success deletes its record) and only
-then delivered to the job, in batches. A dedicated step actor is the same class hosting one step.
+A step's flow here: `start_steps` launches each `perform` (coroutines on this event loop, sync
+code in the thread pool) while RUNNING (+ lease) for the whole batch waits for its group-commit
+round, and answers once that round is flushed; outcomes are persisted in one group commit (a
+success deletes its record) and only then delivered to the job, in batches. A step that ends
+before its RUNNING write is flushed writes only its outcome (`GroupCommit`). Once launched, a
+step is this host's until its outcome is stored: a RUNNING write that fails is written again in
+the background (while the step has no outcome yet), never reported as a failed start, so the job
+never starts the same step elsewhere while it runs here. A dedicated step actor is the same
+class hosting one step.
 
 Whatever a perform raises is its step's outcome, never its batch's or the host's: a
 `CancelledError` the host did not ask for (the step was not told to stop) is a failure, and so is
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import itertools
 import os
 import time
 from collections import Counter, defaultdict
@@ -99,8 +105,6 @@ class StepHostCore:
         #: Each job's metric tags, as its start batches said them; dropped with `job_tenant`.
         self.job_labels: dict[str, Labels] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
-        #: Running steps whose RUNNING write is not done: not launched, and dropped if it fails.
-        self.unwritten: set[tuple[str, str]] = set()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
         #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
@@ -168,27 +172,49 @@ class StepHostCore:
                 )
                 tenant.leased[key] = step.attempt
             self._hold(job_id, len(steps))
-        change = StatusChange(status=StepStatus.RUNNING)
-        lease = self.lease(tenant)
-        self.unwritten.update(keys)
-        try:
-            await tenant.commit.write(
-                [
-                    StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
-                    for s in steps
-                ],
-                labels=self.job_labels.get(job_id, UNKNOWN),
-            )
-        except BaseException:
-            for key in keys:
-                tenant.leased.pop(key, None)
-                self._pop_running(key)
-            raise
-        finally:
-            self.unwritten.difference_update(keys)
+        labels = self.job_labels.get(job_id, UNKNOWN)
+        # RUNNING joins the round before any step can end: an outcome joins it or a later one.
+        written = tenant.commit.join(self._running_updates(tenant, job_id, steps), labels=labels)
         for step in steps:
             self._launch(job_id, step, tenant.options)
+        try:
+            await written
+        except Exception as error:
+            log.warning("job %s: the RUNNING write of %d steps failed (%s); they run on, and "
+                        "it is written again", job_id, len(steps), error,
+                        extra=ids(job_id))  # fmt: skip
+            self.spawn(
+                self._write_running(tenant, job_id, steps), f"running-write {job_id}", job_id
+            )
         return len(steps)
+
+    def _running_updates(
+        self, tenant: Tenant, job_id: str, steps: Sequence[StepStart]
+    ) -> list[StepUpdate]:
+        """RUNNING (+ lease) of those of `steps` still running here without an outcome."""
+        change = StatusChange(status=StepStatus.RUNNING)
+        lease = self.lease(tenant)
+        return [
+            StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
+            for s in steps
+            if tenant.leased.get((job_id, s.step_id)) == s.attempt
+        ]
+
+    async def _write_running(self, tenant: Tenant, job_id: str, steps: Sequence[StepStart]) -> None:
+        """Writes RUNNING again, with backoff, until it is stored or every step has an outcome
+        (a later round then holds the outcome; RUNNING must not follow it)."""
+        labels = self.job_labels.get(job_id, UNKNOWN)
+        for tries in itertools.count(1):
+            await asyncio.sleep(PERSIST_RETRY.delay(tries))
+            updates = self._running_updates(tenant, job_id, steps)
+            if not updates:
+                return
+            try:
+                await tenant.commit.write(updates, labels=labels)
+                return
+            except Exception as error:
+                log.warning("job %s: writing RUNNING of %d steps again failed: %s", job_id,
+                            len(updates), error, extra=ids(job_id))  # fmt: skip
 
     def _launch(self, job_id: str, step: StepStart, options: JobsOptions) -> None:
         key = (job_id, step.step_id)
@@ -321,12 +347,8 @@ class StepHostCore:
         return told
 
     def running_steps(self, job_id: str) -> list[str]:
-        """The job's steps launched here (a step whose RUNNING write is pending is not yet)."""
-        return [
-            step_id
-            for (owner, step_id) in self.running
-            if owner == job_id and (owner, step_id) not in self.unwritten
-        ]
+        """The job's steps running here, whether or not their RUNNING write is stored yet."""
+        return [step_id for (owner, step_id) in self.running if owner == job_id]
 
     async def renew_leases(self, tenant: Tenant, every: float) -> None:
         """Every `every` s, renews the leases of this tenant's running steps in one conditional

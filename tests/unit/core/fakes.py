@@ -77,6 +77,9 @@ class FakeHosts:
         #: Fault: the next this many start operations start their steps, then raise (Ray: "the
         #: task may or may not have been executed on the actor").
         self.lose_start_answers = 0
+        #: Fault: the next this many start operations run their steps without storing RUNNING
+        #: (a real host's RUNNING write that failed, written again later).
+        self.unwritten_starts = 0
         #: When set, start operations wait for it before they store anything.
         self.start_gate: asyncio.Event | None = None
         #: Steps in start operations not answered yet, and the most ever at once.
@@ -124,12 +127,15 @@ class FakeHosts:
                 raise RuntimeError(f"steps {earlier} still run an earlier attempt on {host}")
             steps = [s for s in batch if (host, s.step_id) not in self.runs]
             change = StatusChange(status=StepStatus.RUNNING)
-            await self.storage.update_steps(
-                [
-                    StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, None, change)
-                    for s in steps
-                ]
-            )
+            if self.unwritten_starts > 0:
+                self.unwritten_starts -= 1
+            else:
+                await self.storage.update_steps(
+                    [
+                        StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, None, change)
+                        for s in steps
+                    ]
+                )
             for step in steps:
                 self.runs[(host, step.step_id)] = Run(job_id, step, host)
             self.started.extend(steps)

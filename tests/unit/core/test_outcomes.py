@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from choreography_ray.status import JobStatus
+from choreography_ray.status import JobStatus, StepStatus
 from tests.unit.core.conftest import Activations
 from tests.unit.core.fakes import FAILED, SUCCESS, FaultyStorage
 from tests.unit.core.harness import eventually
@@ -173,5 +173,61 @@ def test_leases__a_step_whose_restart_is_in_flight_is_not_restarted_again(
         await h.hosts.finish_all()
         await h.settle()
         assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
+
+    activations.run(scenario)
+
+
+def test_leases__a_step_whose_running_write_never_landed_starts_again_once_its_host_is_gone(
+    activations: Activations,
+) -> None:
+    """A host runs a step while its RUNNING write waits for a group-commit round; if that write
+    fails and the host dies before it is written again, storage keeps the step SCHEDULED, with
+    no lease that could expire: the job starts it again once it has seen the host go."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), step_lease_timeout=0.2)
+        h.hosts.unwritten_starts = 1
+        await h.c.start()
+        await h.settle()
+        assert len(h.hosts.calls) == 1, "both steps in one start"
+        assert {s.status for s in (await h.steps()).values()} == {StepStatus.SCHEDULED}
+        await h.c.watchdog_tick()  # its host runs it: nothing to restart
+        await h.settle()
+        assert len(h.hosts.calls) == 1
+        h.hosts.kill(h.hosts.calls[0][0])
+        await h.settle()
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert len(h.hosts.calls) == 2, "started again at once, no lease to wait for"
+        assert h.hosts.running_ids() == {"000000", "000001"}
+        await h.hosts.finish_all()
+        await h.settle()
+        stored_job = await h.stored()
+        assert stored_job.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored_job.progress.successful_steps == 2
+
+    activations.run(scenario)
+
+
+def test_leases__a_running_step_whose_running_write_never_landed_is_left_to_its_host(
+    activations: Activations,
+) -> None:
+    """While its host lives, a step stored SCHEDULED but running there is not started again,
+    and its outcome counts once."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]), step_lease_timeout=0.2)
+        h.hosts.unwritten_starts = 1
+        await h.c.start()
+        await h.settle()
+        await asyncio.sleep(0.3)  # longer than a lease
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert len(h.hosts.calls) == 1
+        await h.hosts.finish("000000")
+        await h.settle()
+        stored_job = await h.stored()
+        assert stored_job.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored_job.progress.successful_steps == 1
 
     activations.run(scenario)
