@@ -1,14 +1,15 @@
 """The step host: a named actor per node and CPU slot that activates many steps at once.
 
-A step's flow here: `start_steps` launches each `perform` (coroutines on this event loop, sync
-code in the thread pool) while RUNNING (+ lease) for the whole batch waits for its group-commit
-round, and answers once that round is flushed; outcomes are persisted in one group commit (a
-success deletes its record) and only then delivered to the job, in batches. A step that ends
-before its RUNNING write is flushed writes only its outcome (`GroupCommit`). Once launched, a
-step is this host's until its outcome is stored: a RUNNING write that fails is written again in
-the background (while the step has no outcome yet), never reported as a failed start, so the job
-never starts the same step elsewhere while it runs here. A dedicated step actor is the same
-class hosting one step.
+A step's flow here: `start_steps` writes RUNNING (+ lease) for the whole batch in one
+group-commit round and answers once that round is flushed; each `perform` runs (coroutines on
+this event loop, sync code in the thread pool); outcomes are persisted in one group commit (a
+success deletes its record) and only then delivered to the job, in batches. A batch of first
+attempts launches while its RUNNING write waits for the round, so a step that ends before the
+flush writes only its outcome (`GroupCommit`); once launched, such a step is this host's until
+its outcome is stored: a failed RUNNING write is written again in the background (while the step
+has no outcome yet), never reported as a failed start, so the job never starts it elsewhere
+while it runs here. A batch with a later attempt (a retry, a resumed stop) runs only once its
+RUNNING write is stored. A dedicated step actor is the same class hosting one step.
 
 Whatever a perform raises is its step's outcome, never its batch's or the host's: a
 `CancelledError` the host did not ask for (the step was not told to stop) is a failure, and so is
@@ -175,17 +176,33 @@ class StepHostCore:
         labels = self.job_labels.get(job_id, UNKNOWN)
         # RUNNING joins the round before any step can end: an outcome joins it or a later one.
         written = tenant.commit.join(self._running_updates(tenant, job_id, steps), labels=labels)
-        for step in steps:
-            self._launch(job_id, step, tenant.options)
+        if all(s.attempt == 1 for s in steps):
+            # First attempts launch now: their records hold no outcome, so until RUNNING is
+            # stored a reactivated job still finds them unfinished and adopts them from here.
+            for step in steps:
+                self._launch(job_id, step, tenant.options)
+            try:
+                await written
+            except Exception as error:
+                log.warning("job %s: the RUNNING write of %d steps failed (%s); they run on, "
+                            "and it is written again", job_id, len(steps), error,
+                            extra=ids(job_id))  # fmt: skip
+                self.spawn(
+                    self._write_running(tenant, job_id, steps), f"running-write {job_id}", job_id
+                )
+            return len(steps)
+        # A later attempt's record holds its earlier outcome until RUNNING replaces it (a job
+        # reactivated meanwhile would count that outcome): it runs only once RUNNING is stored,
+        # and a failed write fails the start, which the job makes again.
         try:
             await written
-        except Exception as error:
-            log.warning("job %s: the RUNNING write of %d steps failed (%s); they run on, and "
-                        "it is written again", job_id, len(steps), error,
-                        extra=ids(job_id))  # fmt: skip
-            self.spawn(
-                self._write_running(tenant, job_id, steps), f"running-write {job_id}", job_id
-            )
+        except BaseException:
+            for key in keys:
+                tenant.leased.pop(key, None)
+                self._pop_running(key)
+            raise
+        for step in steps:
+            self._launch(job_id, step, tenant.options)
         return len(steps)
 
     def _running_updates(
