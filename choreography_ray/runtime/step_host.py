@@ -106,6 +106,8 @@ class StepHostCore:
         #: Each job's metric tags, as its start batches said them; dropped with `job_tenant`.
         self.job_labels: dict[str, Labels] = {}
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
+        #: Later attempts waiting for their RUNNING write: not launched, dropped if it fails.
+        self.unwritten: set[tuple[str, str]] = set()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
         #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
@@ -194,6 +196,7 @@ class StepHostCore:
         # A later attempt's record holds its earlier outcome until RUNNING replaces it (a job
         # reactivated meanwhile would count that outcome): it runs only once RUNNING is stored,
         # and a failed write fails the start, which the job makes again.
+        self.unwritten.update(keys)
         try:
             await written
         except BaseException:
@@ -201,6 +204,8 @@ class StepHostCore:
                 tenant.leased.pop(key, None)
                 self._pop_running(key)
             raise
+        finally:
+            self.unwritten.difference_update(keys)
         for step in steps:
             self._launch(job_id, step, tenant.options)
         return len(steps)
@@ -364,8 +369,13 @@ class StepHostCore:
         return told
 
     def running_steps(self, job_id: str) -> list[str]:
-        """The job's steps running here, whether or not their RUNNING write is stored yet."""
-        return [step_id for (owner, step_id) in self.running if owner == job_id]
+        """The job's steps running here (a first attempt whose RUNNING write is not stored
+        yet too; a later attempt waiting for that write not yet)."""
+        return [
+            step_id
+            for (owner, step_id) in self.running
+            if owner == job_id and (owner, step_id) not in self.unwritten
+        ]
 
     async def renew_leases(self, tenant: Tenant, every: float) -> None:
         """Every `every` s, renews the leases of this tenant's running steps in one conditional
