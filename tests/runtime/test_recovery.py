@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from tests.runtime.conftest import FAST
 from tests.runtime.recovery_jobs import LoggedJob, LoggedRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,14 +76,22 @@ def test_cluster_restart__durable_catalog_recovers_job_and_succeeded_steps_do_no
     assert len(ran_before) >= 6
 
 
-def test_reconciliation__orphaned_running_job_resumes(connect, scope, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_reconciliation__orphaned_running_job_resumes(
+    ray_cluster: None, storage_url: str, scope: str, tmp_path: Path
+) -> None:
     """A job stored RUNNING whose job actor is gone (a lost acknowledgement) is picked up by the
-    recovery actor's reconciliation, without a rehydrate call or a membership change."""
-    jobs = connect(reconciliation_interval=1.0)
+    recovery actor's reconciliation, without a rehydrate call or a membership change.
+
+    In a Ray namespace of its own, so with a recovery actor of its own: the shared one would
+    reconcile every storage of the session's earlier tests each second from here on (its
+    interval is the shortest of its storages'), for the rest of the session."""
+    namespace = f"reconcile-{uuid.uuid4().hex[:8]}"
+    options = cr.JobsOptions(**{**FAST, "reconciliation_interval": 1.0})
+    jobs = cr.Jobs.connect(storage=storage_url, options=options, namespace=namespace)
     manager = jobs.manager(scope, "reconcile")
     log = tmp_path / "runs.log"
     job = manager.start(LoggedJob, LoggedRequest(log=str(log), steps=12, sleep=0.2))
-    actor = ray.get_actor(f"job/{job.job_id}", namespace="choreography-tests")
+    actor = ray.get_actor(f"job/{job.job_id}", namespace=namespace)
     ray.kill(actor, no_restart=True)
     assert manager.get(job.job_id).status is cr.JobStatus.RUNNING
     state = manager.wait(job.job_id, timeout=60)
