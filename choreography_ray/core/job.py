@@ -352,7 +352,10 @@ class JobCore:
                     yield chunk
 
         totals: dict[int, int] = {}
+        # The first run keeps the records of the chunks read to size the ids (at most two):
+        # they are in memory already, and the feed reads only what comes after them.
         kept: list[PlannedStep] = []
+        keep = len(head)
         offset = 0
         async for chunk in in_order():
             records = plan_records(chunk, offset, width)
@@ -360,7 +363,9 @@ class JobCore:
                 await self.storage.insert_plan(self.job_id, records)
             for record in records:
                 totals[record.stage] = totals.get(record.stage, 0) + 1
-            kept = kept or records
+            if keep:
+                kept += records
+                keep -= 1
             offset += len(records)
             del chunk, records  # let the chunk go before the next is read
         stages = Stages.from_totals(totals)
@@ -373,8 +378,8 @@ class JobCore:
         await self._set_status(JobStatus.PREPARING_STEPS)
         stage = stages.first()
         self._plan = {stage: first_run(kept, stage)}
-        # A plan that ended within its first chunk is whole in memory: nothing to read.
-        self.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=not more)
+        # A plan that ended within the kept chunks is whole in memory: nothing to read.
+        self.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=offset == len(kept))
 
     async def _skip_checkpointed(self, stages: Stages, resume: ResumeAfter) -> ResumeAfter | None:
         """A start after a checkpoint: the checkpointed stages' steps are counted as succeeded

@@ -3,8 +3,9 @@
 `prepare_steps` may return a list, any iterable (a generator), an async iterable, or an
 awaitable of one of those. The plan is read `JobsOptions.plan_chunk_size` steps (50,000) at a
 time: each chunk is checked (every item a `StepSpec`), given its step ids, written and counted
-into per-stage totals, and let go; nothing holds the whole plan. Only the first chunk is kept,
-for the first run's first stage (it saves one read).
+into per-stage totals, and let go; nothing holds the whole plan. The chunks read before the
+first insert (at most two: see below) are kept for the first run's first stage, so that it
+reads back only what comes after them.
 
 A step id is the step's position in the plan, zero-padded: to `max(6, digits of the length)`
 when the length is known before the plan is read (a list, any sized collection, or a plan that
@@ -104,7 +105,7 @@ def plan_records(specs: list[StepSpec], offset: int, width: int) -> list[Planned
 
 
 def first_run(records: list[PlannedStep], stage: int) -> list[StepStart]:
-    """The steps of `stage` among the first chunk's records, as the first run starts them."""
+    """The steps of `stage` among the kept records, as the first run starts them."""
     return [
         StepStart(r.step_id, r.type, r.stage, 1, r.request_json)
         for r in records

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -167,6 +168,31 @@ def test_plan__a_generator_that_ends_within_its_first_chunk_gets_a_lists_ids_and
         await h.c.start()
         assert h.c.feed is not None and h.c.feed.done
         assert Counter(await run_to_the_end(h)) == {"000000": 1, "000001": 1, "000002": 1}
+
+    activations.run(scenario)
+
+
+@pytest.mark.parametrize(("steps", "reads"), [(8, []), (9, [["0000000008"]])])
+def test_plan__the_first_run_keeps_the_two_chunks_read_to_size_ids_and_reads_only_after_them(
+    activations: Activations, steps: int, reads: list[list[str]]
+) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StreamedJob, Streamed(steps=steps), plan_chunk_size=CHUNK)
+        list_starts = h.storage.list_starts
+        read: list[list[str]] = []
+
+        async def reading(*args: Any, **kwargs: Any) -> list[StoredStart]:
+            page = await list_starts(*args, **kwargs)
+            if kwargs.get("stage") is not None:  # the feed's reads, not the prepare's probe
+                read.append([row.step_id for row in page])
+            return page
+
+        h.storage.list_starts = reading  # type: ignore[method-assign]
+        await h.c.start()
+        ran = await run_to_the_end(h)
+        # Two chunks (8 steps) were read before the first insert: they start from memory.
+        assert [page for page in read if page] == reads
+        assert ran == Counter({f"{i:010d}": 1 for i in range(steps)})
 
     activations.run(scenario)
 
