@@ -119,7 +119,7 @@ class JobActor:
     async def start(self) -> StartJobError | None:
         return await self.core.start()
 
-    async def report_outcomes(self, outcomes: list[OutcomeWire]) -> None:
+    async def report_outcomes(self, outcomes: bytes | list[OutcomeWire]) -> None:
         await self.core.report_outcomes(outcomes_from_wire(outcomes))
 
     async def stop(self) -> None:

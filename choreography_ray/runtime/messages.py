@@ -1,14 +1,19 @@
 """What crosses between the job actor and step hosts.
 
-In the code they are named tuples; on the wire they are plain tuples with the status as its
-string value, because Ray pickles a named tuple or an enum member at many times the cost of a
-plain tuple of strings and numbers, and one RPC carries hundreds of them.
+In the code they are named tuples; on the wire a batch is one `bytes`: its plain tuples (the
+status as its string value) pickled at once. Ray serializes a named tuple or an enum member at
+many times the cost of a plain tuple, and a list of hundreds of plain tuples at about twice the
+cost of pickling it here (measured on 512 starts: 0.8-1.0 ms a call against 0.25-0.5 ms); a
+`bytes` argument it passes as it is. The bytes go from one of this package's actors to another,
+as Ray's own arguments do, and never to storage. A list of tuples (what an earlier release, or
+a test, sends) is read as well.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from choreography_ray.status import StepStatus
 
@@ -16,6 +21,8 @@ from choreography_ray.status import StepStatus
 StartWire = tuple[str, str, int, int, str]
 #: An `Outcome` on the wire: (step_id, attempt, status value, message).
 OutcomeWire = tuple[str, int, str, str | None]
+
+_Wire = TypeVar("_Wire", StartWire, OutcomeWire)
 
 _STATUSES = {status.value: status for status in StepStatus}
 
@@ -36,20 +43,29 @@ class Outcome(NamedTuple):
     message: str | None = None
 
 
-def starts_to_wire(starts: Iterable[StepStart]) -> list[StartWire]:
-    return [tuple(s) for s in starts]  # type: ignore[misc]
+def starts_to_wire(starts: Iterable[StepStart]) -> bytes:
+    return _pack([tuple(s) for s in starts])
 
 
-def starts_from_wire(wire: Iterable[StartWire]) -> list[StepStart]:
-    return [StepStart._make(s) for s in wire]
+def starts_from_wire(wire: bytes | Iterable[StartWire]) -> list[StepStart]:
+    return [StepStart._make(s) for s in _unpack(wire)]
 
 
-def outcomes_to_wire(outcomes: Iterable[Outcome]) -> list[OutcomeWire]:
-    return [(o.step_id, o.attempt, o.status.value, o.message) for o in outcomes]
+def outcomes_to_wire(outcomes: Iterable[Outcome]) -> bytes:
+    return _pack([(o.step_id, o.attempt, o.status.value, o.message) for o in outcomes])
 
 
-def outcomes_from_wire(wire: Iterable[OutcomeWire]) -> list[Outcome]:
+def outcomes_from_wire(wire: bytes | Iterable[OutcomeWire]) -> list[Outcome]:
     return [
         Outcome(step_id, attempt, _STATUSES[status], message)
-        for step_id, attempt, status, message in wire
+        for step_id, attempt, status, message in _unpack(wire)
     ]
+
+
+def _pack(tuples: list[tuple[object, ...]]) -> bytes:
+    return pickle.dumps(tuples, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpack(wire: bytes | Iterable[_Wire]) -> Iterable[_Wire]:
+    unpacked: Iterable[_Wire] = pickle.loads(wire) if isinstance(wire, bytes) else wire
+    return unpacked

@@ -513,7 +513,7 @@ class StepHost:
         self,
         job_id: str,
         context: tuple[str, str],
-        steps: list[StartWire],
+        steps: bytes | list[StartWire],
         labels: tuple[str, str, str] | None = None,
     ) -> int:
         """`labels` (scope, namespace, job type) tag what the host records of the job; a job

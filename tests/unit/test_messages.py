@@ -1,0 +1,47 @@
+"""The wire format between job actors and step hosts: a batch crosses as one `bytes`, and a
+list of plain tuples (an earlier release's form, or a test's) is read as well."""
+
+from __future__ import annotations
+
+import pickle
+
+from choreography_ray.runtime.messages import (
+    Outcome,
+    StepStart,
+    outcomes_from_wire,
+    outcomes_to_wire,
+    starts_from_wire,
+    starts_to_wire,
+)
+from choreography_ray.status import StepStatus
+
+STARTS = [
+    StepStart("000001", "pkg.mod:Step", 2, 3, '{"n": 1}'),
+    StepStart("000002", "t", 0, 1, "{}"),
+]
+OUTCOMES = [
+    Outcome("000001", 3, StepStatus.COMPLETED_SUCCESSFULLY),
+    Outcome("000002", 1, StepStatus.FAILED, "ValueError: no"),
+]
+
+
+def test_starts__cross_as_bytes_of_plain_tuples_and_come_back_equal() -> None:
+    wire = starts_to_wire(STARTS)
+    assert isinstance(wire, bytes)
+    assert [type(s) for s in pickle.loads(wire)] == [tuple, tuple]  # no named tuple pickled
+    assert starts_from_wire(wire) == STARTS
+    assert all(type(s) is StepStart for s in starts_from_wire(wire))
+
+
+def test_outcomes__cross_as_bytes_with_the_status_as_its_value() -> None:
+    wire = outcomes_to_wire(OUTCOMES)
+    assert isinstance(wire, bytes)
+    assert pickle.loads(wire)[1] == ("000002", 1, StepStatus.FAILED.value, "ValueError: no")
+    back = outcomes_from_wire(wire)
+    assert back == OUTCOMES
+    assert back[1].status is StepStatus.FAILED
+
+
+def test_lists_of_tuples__an_earlier_releases_form__are_read_too() -> None:
+    assert starts_from_wire([tuple(s) for s in STARTS]) == STARTS  # type: ignore[misc]
+    assert outcomes_from_wire([("000002", 1, "Failed", "ValueError: no")]) == OUTCOMES[1:]
