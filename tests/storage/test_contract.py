@@ -51,7 +51,7 @@ from choreography_ray.storage import (
     redact_url,
 )
 from choreography_ray.storage.memory import MemoryStorage
-from choreography_ray.storage.sqlite import SqliteStorage
+from choreography_ray.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES, SqliteStorage
 
 T0 = datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 COMPLETED, STOPPED = CountedKind.COMPLETED, CountedKind.STOPPED
@@ -947,6 +947,20 @@ async def test_sqlite__relative_and_absolute_urls_create_parent_directories(
         await storage.close()
         await storage.close()
         assert path.is_file()
+
+
+async def test_sqlite__a_connection_is_wal_and_checkpoints_every_10000_pages(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(f"sqlite:///{tmp_path / 'jobs.db'}")
+    pragmas = await storage._run(
+        lambda c: [
+            c.execute(f"PRAGMA {name}").fetchone()[0]
+            for name in ("journal_mode", "synchronous", "wal_autocheckpoint")
+        ]
+    )
+    await storage.close()
+    assert pragmas == ["wal", 1, WAL_AUTOCHECKPOINT_PAGES] and WAL_AUTOCHECKPOINT_PAGES == 10_000
 
 
 async def test_sqlite__unopenable_file_is_unavailable(tmp_path: Path) -> None:
