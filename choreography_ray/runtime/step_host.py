@@ -4,8 +4,9 @@ A step's flow here: `start_steps` writes RUNNING (+ lease) for the whole batch i
 group-commit round and answers once that round is flushed; each `perform` runs (coroutines on
 this event loop, sync code in the thread pool); outcomes are persisted in one group commit (a
 success deletes its record) and only then delivered to the job, in batches. A batch of first
-attempts launches while its RUNNING write waits for the round, so a step that ends before the
-flush writes only its outcome (`GroupCommit`); once launched, such a step is this host's until
+attempts launches first and its RUNNING write joins the round after, for the steps not done at
+launch; a step that ends before the flush writes only its outcome (`GroupCommit`), and one done
+at launch writes no RUNNING at all. Once launched, a first attempt is this host's until
 its outcome is stored: a failed RUNNING write is written again in the background (while the step
 has no outcome yet), never reported as a failed start, so the job never starts it elsewhere
 while it runs here. A batch with a later attempt (a retry, a resumed stop) runs only once its
@@ -176,13 +177,17 @@ class StepHostCore:
                 tenant.leased[key] = step.attempt
             self._hold(job_id, len(steps))
         labels = self.job_labels.get(job_id, UNKNOWN)
-        # RUNNING joins the round before any step can end: an outcome joins it or a later one.
-        written = tenant.commit.join(self._running_updates(tenant, job_id, steps), labels=labels)
         if all(s.attempt == 1 for s in steps):
             # First attempts launch now: their records hold no outcome, so until RUNNING is
             # stored a reactivated job still finds them unfinished and adopts them from here.
             for step in steps:
                 self._launch(job_id, step, tenant.options)
+            # RUNNING of the steps not done at launch joins the round now, before any outcome
+            # (outcomes are persisted from a callback run after this): it lands first. A step
+            # done at launch writes only its outcome.
+            written = tenant.commit.join(
+                self._running_updates(tenant, job_id, steps), labels=labels
+            )
             try:
                 await written
             except Exception as error:
@@ -196,6 +201,7 @@ class StepHostCore:
         # A later attempt's record holds its earlier outcome until RUNNING replaces it (a job
         # reactivated meanwhile would count that outcome): it runs only once RUNNING is stored,
         # and a failed write fails the start, which the job makes again.
+        written = tenant.commit.join(self._running_updates(tenant, job_id, steps), labels=labels)
         self.unwritten.update(keys)
         try:
             await written

@@ -161,3 +161,22 @@ def test_host_entries__dropped_once_a_job_has_nothing_left_there(connect, scope)
         WAIT,
         "hosts to drop both jobs' entries",
     )
+
+
+@pytest.mark.timeout(120)
+def test_status_history__a_step_done_at_launch_writes_only_its_outcome_a_later_one_running_first(  # type: ignore[no-untyped-def]
+    connect, scope
+) -> None:
+    """A first attempt launches before its RUNNING write joins the group commit: one that is
+    done at launch never writes RUNNING; one that awaits has RUNNING stored before its outcome."""
+    manager = connect().manager(scope, "step-host")
+    cases = [Case(n=0, behaviour="fail", where="now"), Case(n=1, behaviour="fail", where="later")]
+    started = manager.start(CasesJob, CasesRequest(cases=cases))
+    state = manager.wait(started.job_id, timeout=WAIT)
+
+    assert state.progress.failed_steps == 2
+    history = {
+        s.request["n"]: [c.status for c in s.status_changes] for s in manager.steps(started.job_id)
+    }
+    failed, running = cr.StepStatus.COMPLETED_WITH_FAILURE, cr.StepStatus.RUNNING
+    assert history == {0: [failed], 1: [running, failed]}
