@@ -27,11 +27,18 @@ import choreography_ray as cr
 from choreography_ray.bench.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
 from choreography_ray.bench.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
 from choreography_ray.client import settled
-from choreography_ray.model import Lease, StatusChange, StepState, utcnow
+from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.runtime.names import job_name, manager_name
+from choreography_ray.runtime.process import gc_tuned
 from choreography_ray.runtime.shared_storage import open_shared_storage
 from choreography_ray.status import StepStatus
-from choreography_ray.storage import CountedKind, StepUpdate, open_storage, redact_url
+from choreography_ray.storage import (
+    CountedKind,
+    PlannedStep,
+    StepUpdate,
+    open_storage,
+    redact_url,
+)
 from choreography_ray.types import type_path
 
 #: Seconds between two polls of a job's record.
@@ -200,7 +207,7 @@ async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, fl
     job_id = f"ceiling-{uuid.uuid4().hex}"
     width = max(6, len(str(steps)))
     now = utcnow()
-    request = BenchItem().model_dump(mode="json")
+    request = BenchItem().model_dump_json()
     step_type = type_path(BenchStep)
     lease = Lease(silo="bench", activation="bench#1", heartbeat=now) if leases else None
     running = StatusChange(status=StepStatus.RUNNING)
@@ -208,22 +215,6 @@ async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, fl
     def chunks() -> Iterator[list[str]]:
         for offset in range(0, steps, PLAN_BATCH):
             yield [f"{i:0{width}d}" for i in range(offset, min(steps, offset + PLAN_BATCH))]
-
-    def record(step_id: str) -> StepState:
-        return StepState.model_construct(
-            job_id=job_id,
-            step_id=step_id,
-            type=step_type,
-            stage=0,
-            status=StepStatus.SCHEDULED,
-            attempt=0,
-            lease=None,
-            is_prepared=True,
-            request=request,
-            status_changes=(),
-            updated=now,
-            schema_version=1,
-        )
 
     seconds = [0.0, 0.0, 0.0]
 
@@ -235,8 +226,8 @@ async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, fl
     try:
         await storage.count_counted(job_id, CountedKind.COMPLETED)  # connects; untimed
         for ids in chunks():
-            records = [record(step_id) for step_id in ids]
-            await timed(0, storage.insert_steps(records))
+            records = [PlannedStep(step_id, step_type, 0, request) for step_id in ids]
+            await timed(0, storage.insert_plan(job_id, records))
         for ids in chunks():
             updates = [StepUpdate(job_id, i, StepStatus.RUNNING, 1, lease, running) for i in ids]
             for offset in range(0, len(ids), WRITE_BATCH):
@@ -251,9 +242,11 @@ async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, fl
 
 
 def storage_ceiling(repeat: int, url: str, steps: int, leases: bool) -> CeilingRun:
-    """Bulk insert (`PLAN_BATCH` per call), update to RUNNING with a status change and, when
-    leases are on, a lease (`WRITE_BATCH` per call), then delete (`WRITE_BATCH` per call)."""
-    insert, update, delete = asyncio.run(_ceiling(url, steps, leases))
+    """The plan's bulk insert (`insert_plan`, `PLAN_BATCH` per call), update to RUNNING with a
+    status change and, when leases are on, a lease (`WRITE_BATCH` per call), then delete
+    (`WRITE_BATCH` per call), with the garbage collector tuned as in the job's processes."""
+    with gc_tuned():  # as in the job's own processes
+        insert, update, delete = asyncio.run(_ceiling(url, steps, leases))
     return CeilingRun(
         repeat=repeat,
         steps=steps,

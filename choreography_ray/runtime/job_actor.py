@@ -29,6 +29,7 @@ from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
 from choreography_ray.runtime.metrics import MetricsBatch, RelayedMetrics
 from choreography_ray.runtime.names import manager_name
+from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
 log = get_logger(__name__)
@@ -48,6 +49,7 @@ class JobActor:
         self, job_id: str, storage_url: str, options_json: str, namespace: str, spare: bool = False
     ) -> None:
         configure_actor(job_id)  # this process serves one job: its records are that job's
+        tune_gc()
         options = JobsOptions.model_validate_json(options_json)
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)

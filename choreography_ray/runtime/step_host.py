@@ -46,6 +46,7 @@ from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.messages import Outcome, StartWire, StepStart, starts_from_wire
 from choreography_ray.runtime.metrics import metrics_for
+from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
 from choreography_ray.scheduler.deciding import JobDecisions
 from choreography_ray.status import JobStatus, StepStatus
@@ -513,6 +514,7 @@ class StepHost:
 
     def __init__(self, namespace: str, capacity: int) -> None:
         configure_actor()
+        tune_gc()
         self.core = StepHostCore(namespace, capacity)
 
     async def start_steps(

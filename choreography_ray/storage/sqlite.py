@@ -199,6 +199,12 @@ _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 _STEP_STATUSES = frozenset(StepStatus)
 _JOB_STATUSES = frozenset(JobStatus)
+_INSERT_STEP = f"INSERT INTO job_steps VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
+#: A planned step: ?1-?4 its `PlannedStep` (step_id, type, stage, request), ?5 the job, ?6 now;
+#: SCHEDULED at attempt 0, no lease, prepared, no history yet.
+_INSERT_PLANNED = f"""INSERT INTO job_steps ({", ".join(_STEP_COLUMNS)})
+    VALUES (?5, ?1, ?2, ?3, '{StepStatus.SCHEDULED.value}', 0, NULL, 1, ?4, '[]', ?6,
+            {SCHEMA_VERSION})"""
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END
@@ -760,29 +766,32 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
         )
         for s, when in zip(steps, updated, strict=True)
     ]  # fmt: skip
-    _insert_step_rows(connection, rows)
+    _insert_step_rows(connection, _INSERT_STEP, rows)
 
 
 def _insert_plan(connection: sqlite3.Connection, job_id: str, steps: Sequence[PlannedStep]) -> None:
+    # A row is the planned step's own tuple and (job_id, now): what every row of a plan shares
+    # is in the statement (`_INSERT_PLANNED`), not bound once per row.
     now: str = json.loads(to_json(utcnow()))
-    scheduled = StepStatus.SCHEDULED.value
-    rows = [
-        (job_id, s.step_id, s.type, s.stage, scheduled, 0, None, 1, s.request_json, "[]", now,
-         SCHEMA_VERSION)
-        for s in steps
-    ]  # fmt: skip
-    _insert_step_rows(connection, rows)
+    shared = (job_id, now)
+    _insert_step_rows(connection, _INSERT_PLANNED, [s + shared for s in steps], key=(4, 0))
 
 
-def _insert_step_rows(connection: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """All the rows or none: a duplicate id names the step and writes nothing."""
-    marks = ", ".join("?" * len(_STEP_COLUMNS))
+def _insert_step_rows(
+    connection: sqlite3.Connection,
+    sql: str,
+    rows: list[tuple[Any, ...]],
+    key: tuple[int, int] = (0, 1),
+) -> None:
+    """All the rows or none: a duplicate id names the step and writes nothing. `key`: where a
+    row holds its job_id and step_id."""
     connection.execute("SAVEPOINT plan")
     try:
-        connection.executemany(f"INSERT INTO job_steps VALUES ({marks})", rows)
+        connection.executemany(sql, rows)
     except sqlite3.IntegrityError:
         connection.execute("ROLLBACK TO plan")
-        duplicate = _duplicate(connection, [(row[0], row[1]) for row in rows])
+        job, step = key
+        duplicate = _duplicate(connection, [(row[job], row[step]) for row in rows])
         raise DuplicateRecordError(f"step {duplicate!r} exists already") from None
 
 
