@@ -426,6 +426,23 @@ async def test_insert_plan__scheduled_records_and_one_duplicate_writes_nothing(
     assert len(await storage.list_steps("j1")) == 4
 
 
+async def test_insert_plan__a_request_comes_back_as_it_was_written(storage: Storage) -> None:
+    """Quotes, escapes, a newline and non-ASCII text: SQLite reads a plan chunk as one JSON
+    array, and each request inside it must come back as it was."""
+    text = r'{"name": "caf\u00e9 \"q\" \\ \n", "emoji": "😀", "n": -1.5}'
+    await storage.insert_plan("j1", [PlannedStep("s1", "pkg.mod:Step", 3, text)])
+    (back,) = await storage.list_starts("j1")
+    assert (
+        json.loads(back.request_json)
+        == json.loads(text)
+        == {
+            "name": 'caf\u00e9 "q" \\ \n',
+            "emoji": "😀",
+            "n": -1.5,
+        }
+    )
+
+
 async def test_list_steps__pages_by_after_and_limit(storage: Storage) -> None:
     await storage.insert_steps([step("j1", f"s{i:03d}") for i in reversed(range(25))])
     await storage.insert_steps([step("j2", "s000")])
