@@ -432,15 +432,10 @@ async def test_insert_plan__a_request_comes_back_as_it_was_written(storage: Stor
     text = r'{"name": "caf\u00e9 \"q\" \\ \n", "emoji": "😀", "n": -1.5}'
     await storage.insert_plan("j1", [PlannedStep("s1", "pkg.mod:Step", 3, text)])
     (back,) = await storage.list_starts("j1")
-    assert (
-        json.loads(back.request_json)
-        == json.loads(text)
-        == {
-            "name": 'caf\u00e9 "q" \\ \n',
-            "emoji": "😀",
-            "n": -1.5,
-        }
-    )
+    expected = {"name": 'caf\u00e9 "q" \\ \n', "emoji": "\U0001f600", "n": -1.5}
+    assert json.loads(back.request_json) == json.loads(text) == expected
+    if isinstance(storage, SqliteStorage):  # the text itself, as the step host will parse it
+        assert back.request_json == text
 
 
 async def test_list_steps__pages_by_after_and_limit(storage: Storage) -> None:
