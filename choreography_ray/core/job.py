@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
 from choreography_ray.core import leases, resuming, stopping
@@ -38,12 +38,12 @@ from choreography_ray.core.planning import (
     FEED_STATUSES,
     Feed,
     PlanError,
+    PlanReader,
     feed_page,
     first_run,
     id_width,
     plan_records,
     plan_source,
-    spec_chunks,
     to_start,
 )
 from choreography_ray.core.resuming import Recover, Resume
@@ -76,7 +76,7 @@ from choreography_ray.errors import (
     StartJobError,
     StopJobError,
 )
-from choreography_ray.job import Job, StepSpec
+from choreography_ray.job import Job
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import JobState, ResumeAfter, StatusChange
 from choreography_ray.options import JobsOptions
@@ -333,41 +333,47 @@ class JobCore:
         if await self.storage.list_starts(self.job_id, limit=1):
             # An earlier activation's plan, never finished (no has_plan): its records go first.
             await self.storage.remove_job_steps(self.job_id)
-        chunks = spec_chunks(source, self.options.plan_chunk_size)
-        # The second chunk is read before the first is written: whether the plan ends within
-        # its first chunk says how wide its step ids are when its length is not known.
-        head: list[list[StepSpec]] = [await anext(chunks, [])]
-        second = await anext(chunks, None)
-        more = second is not None
-        width = id_width(source, len(head[0]), more)
-        if second is not None:
-            head.append(second)
-        del second
-
-        async def in_order() -> AsyncIterator[list[StepSpec]]:
-            while head:
-                yield head.pop(0)
-            if more:
-                async for chunk in chunks:
-                    yield chunk
-
+        size = self.options.plan_chunk_size
+        reader = PlanReader(source)
+        chunk = await reader.read(size)
+        # One step past the first chunk says whether the plan ends within it, and so how wide
+        # its step ids are when its length is not known.
+        probe = await reader.read(1)
+        width = id_width(source, len(chunk), bool(probe))
         totals: dict[int, int] = {}
-        # The first run keeps the records of the chunks read to size the ids (at most two):
-        # they are in memory already, and the feed reads only what comes after them.
+        # The first run keeps the first two chunks' records (the second was begun to size the
+        # ids): a plan of up to two chunks is never read back.
         kept: list[PlannedStep] = []
-        keep = len(head)
         offset = 0
-        async for chunk in in_order():
-            records = plan_records(chunk, offset, width)
-            if records:
-                await self.storage.insert_plan(self.job_id, records)
-            for record in records:
-                totals[record.stage] = totals.get(record.stage, 0) + 1
-            if keep:
-                kept += records
-                keep -= 1
-            offset += len(records)
-            del chunk, records  # let the chunk go before the next is read
+        writing: asyncio.Task[None] | None = None
+        try:
+            while chunk:
+                records = plan_records(chunk, offset, width)
+                del chunk  # let it go before the next is read
+                if writing is not None:
+                    await writing
+                # A chunk is written while the next is read and built (SQLite writes it
+                # without holding the GIL); one write at a time, in order.
+                writing = asyncio.get_running_loop().create_task(
+                    self.storage.insert_plan(self.job_id, records),
+                    name=f"insert plan of job {self.job_id} at step {offset}",
+                )
+                for record in records:
+                    totals[record.stage] = totals.get(record.stage, 0) + 1
+                if offset < 2 * size:
+                    kept += records
+                offset += len(records)
+                del records
+                chunk, probe = probe + await reader.read(size - len(probe)), []
+            if writing is not None:
+                await writing
+        except BaseException:
+            if writing is not None and not writing.done():
+                # The write lands (or fails) before the job clears its partial plan.
+                await asyncio.wait([writing])
+            if writing is not None and writing.done() and not writing.cancelled():
+                writing.exception()  # retrieved: the error raised here is the one to report
+            raise
         stages = Stages.from_totals(totals)
         resume = self._state.resume_after
         if resume is not None:

@@ -55,34 +55,43 @@ def feed_page(chunk: int) -> int:
     return min(FEED_PAGE, chunk)
 
 
+class PlanReader:
+    """Reads the plan a given number of steps at a time, each checked. Anything the plan's own
+    code raises while it is read is a `PlanError`."""
+
+    def __init__(self, source: Iterable[Any] | AsyncIterable[Any]) -> None:
+        self._is_async = isinstance(source, AsyncIterable)
+        self._iterator: Any = aiter(source) if self._is_async else iter(source)  # type: ignore[arg-type]
+        self._position = 0
+
+    async def read(self, n: int) -> list[StepSpec]:
+        """The next `n` steps; fewer once the plan ends."""
+        chunk: list[StepSpec] = []
+        iterator, is_async = self._iterator, self._is_async
+        while len(chunk) < n:
+            try:
+                spec = await anext(iterator) if is_async else next(iterator)
+            except (StopIteration, StopAsyncIteration):
+                break
+            except Exception as error:
+                raise PlanError(str(error)) from error
+            if not isinstance(spec, StepSpec):
+                message = (
+                    "prepare_steps must return steps made by create_step; "
+                    f"item {self._position + len(chunk)} of the plan is a {type(spec).__name__}"
+                )
+                raise PlanError(message) from TypeError(message)
+            chunk.append(spec)
+        self._position += len(chunk)
+        return chunk
+
+
 async def spec_chunks(
     source: Iterable[Any] | AsyncIterable[Any], size: int
 ) -> AsyncIterator[list[StepSpec]]:
-    """The plan, `size` steps at a time, each checked. Anything the plan's own code raises
-    while it is read is a `PlanError`."""
-    chunk: list[StepSpec] = []
-    position = 0
-    iterator: Any = aiter(source) if isinstance(source, AsyncIterable) else iter(source)
-    is_async = isinstance(source, AsyncIterable)
-    while True:
-        try:
-            spec = await anext(iterator) if is_async else next(iterator)
-        except (StopIteration, StopAsyncIteration):
-            break
-        except Exception as error:
-            raise PlanError(str(error)) from error
-        if not isinstance(spec, StepSpec):
-            message = (
-                "prepare_steps must return steps made by create_step; "
-                f"item {position} of the plan is a {type(spec).__name__}"
-            )
-            raise PlanError(message) from TypeError(message)
-        chunk.append(spec)
-        position += 1
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
+    """The plan, `size` steps at a time (`PlanReader`)."""
+    reader = PlanReader(source)
+    while chunk := await reader.read(size):
         yield chunk
 
 
