@@ -368,11 +368,12 @@ class JobCore:
             if writing is not None:
                 await writing
         except BaseException:
-            if writing is not None and not writing.done():
-                # The write lands (or fails) before the job clears its partial plan.
+            if writing is not None:
+                # The write lands (or fails) before the job clears its partial plan; the error
+                # raised here is the one to report, not the write's.
                 await asyncio.wait([writing])
-            if writing is not None and writing.done() and not writing.cancelled():
-                writing.exception()  # retrieved: the error raised here is the one to report
+                if not writing.cancelled():
+                    writing.exception()
             raise
         stages = Stages.from_totals(totals)
         resume = self._state.resume_after

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -218,6 +218,31 @@ def test_plan__failing_after_some_chunks_were_written_fails_the_job_and_leaves_n
         assert (stored.error or "").startswith(message)
         assert await h.steps() == {}
         assert h.hosts.calls == []
+
+    activations.run(scenario)
+
+
+def test_plan__failing_while_a_chunk_is_written_waits_for_that_write_and_leaves_no_step(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        h = await activations.new(
+            StreamedJob, Streamed(steps=20, raises_at=9), plan_chunk_size=CHUNK
+        )
+        insert_plan = h.storage.insert_plan
+        written: list[str] = []
+
+        async def slow(job_id: str, steps: Sequence[PlannedStep]) -> None:
+            await asyncio.sleep(0.05)  # still in flight when the plan raises
+            await insert_plan(job_id, steps)
+            written.append(steps[0].step_id)
+
+        h.storage.insert_plan = slow  # type: ignore[method-assign]
+        assert await h.c.start() is StartJobError.COULD_NOT_PREPARE_STEPS
+        # Steps 0-3 and 4-7 were written (the second while step 9 was read); then cleared.
+        assert written == ["0000000000", "0000000004"]
+        assert await h.steps() == {}
+        assert (await h.stored()).status is JobStatus.FAILED
 
     activations.run(scenario)
 
