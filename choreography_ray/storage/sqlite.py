@@ -200,8 +200,6 @@ _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 _STEP_STATUSES = frozenset(StepStatus)
 _JOB_STATUSES = frozenset(JobStatus)
 _INSERT_STEP = f"INSERT INTO job_steps VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
-#: A planned step: ?1-?4 its `PlannedStep` (step_id, type, stage, request), ?5 the job, ?6 now;
-#: SCHEDULED at attempt 0, no lease, prepared, no history yet.
 #: A chunk of a plan in one statement: ?3 is the chunk as a JSON array of `PlannedStep`s
 #: (step_id, type, stage, request as JSON text), ?1 the job, ?2 now; each step SCHEDULED at
 #: attempt 0, no lease, prepared, no history yet. SQLite reads the array in C, without the GIL:
