@@ -100,7 +100,8 @@ def test_dashboard__with_an_address_prints_a_token_that_logs_in(storage_url: str
         found = re.search(rf"log in at http://127.0.0.1:{port}/login\?token=(\S+)", printed)
         assert found, printed
         base = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{base}/login?token=wrong").status_code == 403
+        # The address is printed before the server listens: the first request waits for it.
+        assert answer(f"{base}/login?token=wrong").status_code == 403
         login = httpx.get(f"{base}/login?token={found[1]}")
         assert login.status_code == 303 and "cr_session" in login.headers["set-cookie"]
         page = httpx.get(f"{base}/jobs/cli-job", cookies=login.cookies)
