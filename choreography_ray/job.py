@@ -17,6 +17,18 @@ if TYPE_CHECKING:
     from choreography_ray.options import JobsOptions
 
 
+#: Step types' paths, each found once: `create_step` runs once per planned step. Only types
+#: defined at module level have a path, so this holds no more than the program defines.
+_STEP_PATHS: dict[type, str] = {}
+
+
+def _step_path(step_type: type) -> str:
+    path = _STEP_PATHS.get(step_type)
+    if path is None:
+        path = _STEP_PATHS[step_type] = type_path(step_type)
+    return path
+
+
 @dataclass(frozen=True, slots=True)
 class StepSpec:
     """One step of a plan, made by `Job.create_step`."""
@@ -72,7 +84,7 @@ class Job(Generic[RequestT]):
     def create_step(
         self, step_type: type[JobStep[BaseModel]] | type, request: BaseModel, stage: int = 0
     ) -> StepSpec:
-        return StepSpec(step_type=type_path(step_type), request=request, stage=stage)
+        return StepSpec(step_type=_step_path(step_type), request=request, stage=stage)
 
     def get_failure_behavior_for(self, stage: int) -> JobStageFailureBehavior:
         return JobStageFailureBehavior.STOP_JOB

@@ -27,6 +27,7 @@ import choreography_ray as cr
 from choreography_ray.bench.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
 from choreography_ray.bench.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
 from choreography_ray.client import settled
+from choreography_ray.core.planning import PLAN_WRITE
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.runtime.names import job_name, manager_name
 from choreography_ray.runtime.process import gc_tuned
@@ -49,8 +50,8 @@ LATENCY_GAP_SECONDS = 1.0
 #: Seconds without a change of status or progress after which a job counts as stalled: five
 #: watchdog intervals (60 s by default).
 STALL_SECONDS = 300.0
-#: Steps per `insert_steps` call when a job stores its plan (as `runtime/job_actor.py` does).
-PLAN_BATCH = 50_000
+#: Steps per `insert_plan` call, as a job stores its plan.
+PLAN_BATCH = PLAN_WRITE
 #: Updates and deletes per bulk write: a step host's start batch and group commit.
 WRITE_BATCH = cr.JobsOptions().step_batch_size
 

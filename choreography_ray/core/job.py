@@ -36,6 +36,7 @@ from choreography_ray.core.metrics import (
 )
 from choreography_ray.core.planning import (
     FEED_STATUSES,
+    PLAN_WRITE,
     Feed,
     PlanError,
     PlanReader,
@@ -348,22 +349,26 @@ class JobCore:
         writing: asyncio.Task[None] | None = None
         try:
             while chunk:
-                records = plan_records(chunk, offset, width)
+                # A chunk is written a piece at a time, each piece while the next is built or
+                # read (SQLite writes it without holding the GIL); one write at a time, in
+                # order. Only the last piece's write is left when the plan ends.
+                for first in range(0, len(chunk), PLAN_WRITE):
+                    records = plan_records(chunk[first : first + PLAN_WRITE], offset, width)
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.get_running_loop().create_task(
+                        self.storage.insert_plan(self.job_id, records),
+                        name=f"insert plan of job {self.job_id} at step {offset}",
+                    )
+                    # The write begins now (reading a plan that is not async never yields).
+                    await asyncio.sleep(0)
+                    for record in records:
+                        totals[record.stage] = totals.get(record.stage, 0) + 1
+                    if offset < 2 * size:
+                        kept += records
+                    offset += len(records)
+                    del records
                 del chunk  # let it go before the next is read
-                if writing is not None:
-                    await writing
-                # A chunk is written while the next is read and built (SQLite writes it
-                # without holding the GIL); one write at a time, in order.
-                writing = asyncio.get_running_loop().create_task(
-                    self.storage.insert_plan(self.job_id, records),
-                    name=f"insert plan of job {self.job_id} at step {offset}",
-                )
-                for record in records:
-                    totals[record.stage] = totals.get(record.stage, 0) + 1
-                if offset < 2 * size:
-                    kept += records
-                offset += len(records)
-                del records
                 chunk, probe = probe + await reader.read(size - len(probe)), []
             if writing is not None:
                 await writing

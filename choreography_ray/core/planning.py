@@ -2,8 +2,9 @@
 
 `prepare_steps` may return a list, any iterable (a generator), an async iterable, or an
 awaitable of one of those. The plan is read `JobsOptions.plan_chunk_size` steps (50,000) at a
-time: each chunk is checked (every item a `StepSpec`), given its step ids, written and counted
-into per-stage totals, and let go; nothing holds the whole plan. The chunks read before the
+time: each chunk is checked (every item a `StepSpec`), given its step ids, written (in pieces of
+`PLAN_WRITE`, each while the next is built) and counted into per-stage totals, and let go;
+nothing holds the whole plan. The chunks read before the
 first insert (at most two: see below) are kept for the first run's first stage, so that it
 reads back only what comes after them.
 
@@ -32,6 +33,8 @@ from choreography_ray.storage import PlannedStep, StoredStart
 UNSIZED_WIDTH = 10
 #: Steps the feed reads per page, at most.
 FEED_PAGE = 5_000
+#: Steps of a chunk written per `insert_plan` call, each while the next is built.
+PLAN_WRITE = 10_000
 
 
 class PlanError(Exception):
@@ -110,11 +113,16 @@ def plan_records(specs: list[StepSpec], offset: int, width: int) -> list[Planned
     # `tuple.__new__` and `zfill`: a named tuple's own `__new__` and a nested format spec cost
     # a quarter of this loop (the plan is built before any step runs).
     new = tuple.__new__
-    return [
-        new(PlannedStep, (str(offset + i).zfill(width), s.step_type, s.stage,
-                          s.request.model_dump_json()))
-        for i, s in enumerate(specs)
-    ]  # fmt: skip
+    # A request object shared by many steps is serialized once: the chunk was read whole
+    # before this, so each object's JSON is the same for every step that holds it.
+    texts: dict[int, str] = {}
+    records = []
+    for i, s in enumerate(specs):
+        text = texts.get(id(s.request))
+        if text is None:
+            text = texts[id(s.request)] = s.request.model_dump_json()
+        records.append(new(PlannedStep, (str(offset + i).zfill(width), s.step_type, s.stage, text)))
+    return records
 
 
 def first_run(records: list[PlannedStep], stage: int) -> list[StepStart]:

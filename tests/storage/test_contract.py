@@ -625,6 +625,11 @@ async def test_delete_steps_and_remove_job_steps(storage: Storage) -> None:
     await storage.delete_steps("j1", ["s1", "s3", "missing"])
     await storage.delete_steps("j1", [])
     assert [s.step_id for s in await storage.list_steps("j1")] == ["s0", "s2", "s4"]
+    # Ids are text to the letter (SQLite reads a batch's ids as one JSON array).
+    odd = ['q"uote', "back\\slash", "été ✓", "s0 "]
+    await storage.insert_steps([step("j1", i) for i in odd])
+    await storage.delete_steps("j1", odd[:3])
+    assert [s.step_id for s in await storage.list_steps("j1")] == ["s0", "s0 ", "s2", "s4"]
 
     await storage.remove_job_steps("j1")
     assert await storage.list_steps("j1") == []

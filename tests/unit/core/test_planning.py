@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from choreography_ray.core import job as job_module
 from choreography_ray.core.planning import (
     UNSIZED_WIDTH,
     Feed,
@@ -104,6 +105,16 @@ def test_step_ids__as_wide_as_the_known_length_else_unsized_width() -> None:
     ]
     with pytest.raises(PlanError, match="at most 999,999 steps"):
         plan_records([spec(0), spec(1)], offset=999_999, width=6)
+
+
+def test_plan_records__a_request_shared_by_steps_and_requests_alike_each_give_their_own_json() -> (
+    None
+):
+    shared, alike = Item(n=7), Item(n=7)
+    specs = [StepSpec("pkg.mod:Step", shared), StepSpec("pkg.mod:Step", Item(n=8)),
+             StepSpec("pkg.mod:Step", shared), StepSpec("pkg.mod:Step", alike)]  # fmt: skip
+    texts = [r.request_json for r in plan_records(specs, offset=0, width=6)]
+    assert texts == ['{"n":7}', '{"n":8}', '{"n":7}', '{"n":7}']
 
 
 def test_feed__reads_each_step_once_skips_held_ones_and_restarts_a_stopped_one() -> None:
@@ -243,6 +254,42 @@ def test_plan__failing_while_a_chunk_is_written_waits_for_that_write_and_leaves_
         assert written == ["0000000000", "0000000004"]
         assert await h.steps() == {}
         assert (await h.stored()).status is JobStatus.FAILED
+
+    activations.run(scenario)
+
+
+def test_plan__a_chunk_is_written_in_pieces_each_while_the_next_is_built_one_write_at_a_time(
+    activations: Activations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        monkeypatch.setattr(job_module, "PLAN_WRITE", 3)
+        built = job_module.plan_records
+        events: list[str] = []
+
+        def building(specs: list[StepSpec], offset: int, width: int) -> list[PlannedStep]:
+            events.append(f"build {offset}")
+            return built(specs, offset, width)
+
+        monkeypatch.setattr(job_module, "plan_records", building)
+        h = await activations.new(StreamedJob, Streamed(steps=10), plan_chunk_size=CHUNK)
+        insert_plan = h.storage.insert_plan
+
+        async def slow(job_id: str, steps: Sequence[PlannedStep]) -> None:
+            events.append(f"write {int(steps[0].step_id)}+{len(steps)}")
+            await asyncio.sleep(0.01)
+            await insert_plan(job_id, steps)
+            events.append(f"written {int(steps[0].step_id)}")
+
+        h.storage.insert_plan = slow  # type: ignore[method-assign]
+        assert await h.c.start() is None
+        # Chunks of 4 in pieces of 3: each piece's write is in flight while the next piece is
+        # built, and begins only once the one before it is written.
+        assert events == [
+            "build 0", "write 0+3", "build 3", "written 0", "write 3+1",
+            "build 4", "written 3", "write 4+3", "build 7", "written 4", "write 7+1",
+            "build 8", "written 7", "write 8+2", "written 8",
+        ]  # fmt: skip
+        assert Counter(await run_to_the_end(h)) == {f"{i:010d}": 1 for i in range(10)}
 
     activations.run(scenario)
 
