@@ -263,12 +263,11 @@ def test_plan__a_chunk_is_written_in_pieces_each_while_the_next_is_built_one_wri
 ) -> None:
     async def scenario() -> None:
         monkeypatch.setattr(job_module, "PLAN_WRITE", 3)
-        built = job_module.plan_records
         events: list[str] = []
 
         def building(specs: list[StepSpec], offset: int, width: int) -> list[PlannedStep]:
             events.append(f"build {offset}")
-            return built(specs, offset, width)
+            return plan_records(specs, offset, width)
 
         monkeypatch.setattr(job_module, "plan_records", building)
         h = await activations.new(StreamedJob, Streamed(steps=10), plan_chunk_size=CHUNK)
