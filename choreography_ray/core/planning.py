@@ -4,9 +4,8 @@
 awaitable of one of those. The plan is read `JobsOptions.plan_chunk_size` steps (50,000) at a
 time: each chunk is checked (every item a `StepSpec`), given its step ids, written (in pieces of
 `PLAN_WRITE`, each while the next is built) and counted into per-stage totals, and let go;
-nothing holds the whole plan. The chunks read before the
-first insert (at most two: see below) are kept for the first run's first stage, so that it
-reads back only what comes after them.
+nothing holds the whole plan. The chunks read before the first insert (at most two: see below)
+are kept for the first run's first stage, so that it reads back only what comes after them.
 
 A step id is the step's position in the plan, zero-padded: to `max(6, digits of the length)`
 when the length is known before the plan is read (a list, any sized collection, or a plan that
