@@ -56,8 +56,6 @@ LATENCY_GAP_SECONDS = 1.0
 #: Seconds without a change of status or progress after which a job counts as stalled: five
 #: watchdog intervals (60 s by default).
 STALL_SECONDS = 300.0
-#: Steps per `insert_plan` call, as a job stores its plan.
-PLAN_BATCH = PLAN_WRITE
 #: Updates and deletes per bulk write: a step host's start batch and group commit.
 WRITE_BATCH = cr.JobsOptions().step_batch_size
 
@@ -220,7 +218,7 @@ def actor_sample(repeat: int, sample: int, window: int, namespace: str) -> Actor
 
 
 async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, float]:
-    """The seconds of the storage calls alone; the records are built a chunk of `PLAN_BATCH`
+    """The seconds of the storage calls alone; the records are built a chunk of `PLAN_WRITE`
     at a time, outside the timed calls, so a ceiling of 10,000,000 steps fits in memory."""
     storage = open_storage(url)
     job_id = f"ceiling-{uuid.uuid4().hex}"
@@ -232,8 +230,8 @@ async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, fl
     running = StatusChange(status=StepStatus.RUNNING)
 
     def chunks() -> Iterator[list[str]]:
-        for offset in range(0, steps, PLAN_BATCH):
-            yield [f"{i:0{width}d}" for i in range(offset, min(steps, offset + PLAN_BATCH))]
+        for offset in range(0, steps, PLAN_WRITE):
+            yield [f"{i:0{width}d}" for i in range(offset, min(steps, offset + PLAN_WRITE))]
 
     seconds = [0.0, 0.0, 0.0]
 
@@ -261,7 +259,7 @@ async def _ceiling(url: str, steps: int, leases: bool) -> tuple[float, float, fl
 
 
 def storage_ceiling(repeat: int, url: str, steps: int, leases: bool) -> CeilingRun:
-    """The plan's bulk insert (`insert_plan`, `PLAN_BATCH` per call), update to RUNNING with a
+    """The plan's bulk insert (`insert_plan`, `PLAN_WRITE` per call), update to RUNNING with a
     status change and, when leases are on, a lease (`WRITE_BATCH` per call), then delete
     (`WRITE_BATCH` per call), with the garbage collector tuned as in the job's processes."""
     with gc_tuned():  # as in the job's own processes

@@ -19,7 +19,7 @@ next page read once fewer than a page of steps wait to start.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
+from collections.abc import AsyncIterable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,15 +86,6 @@ class PlanReader:
             chunk.append(spec)
         self._position += len(chunk)
         return chunk
-
-
-async def spec_chunks(
-    source: Iterable[Any] | AsyncIterable[Any], size: int
-) -> AsyncIterator[list[StepSpec]]:
-    """The plan, `size` steps at a time (`PlanReader`)."""
-    reader = PlanReader(source)
-    while chunk := await reader.read(size):
-        yield chunk
 
 
 def id_width(source: object, first: int, more: bool) -> int:

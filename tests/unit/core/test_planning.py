@@ -16,11 +16,11 @@ from choreography_ray.core.planning import (
     UNSIZED_WIDTH,
     Feed,
     PlanError,
+    PlanReader,
     feed_page,
     id_width,
     plan_records,
     plan_source,
-    spec_chunks,
 )
 from choreography_ray.errors import CannotResumeJobError, StartJobError
 from choreography_ray.job import StepSpec
@@ -41,9 +41,15 @@ def spec(n: int, stage: int = 0) -> StepSpec:
     return StepSpec(step_type="pkg.mod:Step", request=Item(n=n), stage=stage)
 
 
+async def _chunks(reader: PlanReader, size: int) -> AsyncIterator[list[StepSpec]]:
+    while chunk := await reader.read(size):
+        yield chunk
+
+
 def chunked(source: object, size: int = 3) -> list[list[StepSpec]]:
     async def read() -> list[list[StepSpec]]:
-        return [chunk async for chunk in spec_chunks(await plan_source(source), size)]
+        reader = PlanReader(await plan_source(source))
+        return [chunk async for chunk in _chunks(reader, size)]
 
     return asyncio.run(read())
 
