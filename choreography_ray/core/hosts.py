@@ -23,8 +23,10 @@ class Hosts(Protocol):
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         """Tells every running step of the job on these hosts to stop."""
 
-    async def running(self, job_id: str) -> dict[str, str]:
-        """The job's steps running on live hosts: step id -> host."""
+    async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
+        """The job's steps running on live hosts: step id -> host. With `fence` (a job that
+        resumes), each host first refuses the job's starts still waiting there and waits for
+        the RUNNING writes of its later attempts (`StepHostCore.running_steps`)."""
 
     async def watch(self, host: str) -> None:
         """Returns (or raises) once the host is gone."""

@@ -1088,7 +1088,9 @@ class JobCore:
                 )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
         # Every read before the first change: a failed read leaves the activation as it was.
-        host_of = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
+        # Hosts before storage (see _adopt_stage), fenced: a retry an earlier activation sent
+        # cannot run after the count below read its earlier outcome.
+        host_of = await self.hosts.running(self.job_id, fence=True)
         counts = await self.storage.count_by_status(self.job_id)
         running = await stored_running(self.storage, self.job_id, state.stage, host_of)
         stopped = self.counting.stopped

@@ -86,11 +86,11 @@ class RayHosts:
             if isinstance(answer, BaseException):
                 log.warning("job %s: telling a host to stop its steps failed: %s", job_id, answer)
 
-    async def running(self, job_id: str) -> dict[str, str]:
+    async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
         await self.refresh()
         names = list(self.handles)
         answers = await asyncio.gather(
-            *(self.handles[n].running_steps.remote(job_id) for n in names),
+            *(self.handles[n].running_steps.remote(job_id, fence) for n in names),
             return_exceptions=True,
         )
         return {

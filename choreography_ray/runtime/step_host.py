@@ -110,6 +110,9 @@ class StepHostCore:
         self.running: dict[tuple[str, str], tuple[StepContext, asyncio.Future[Any] | None]] = {}
         #: Later attempts waiting for their RUNNING write: not launched, dropped if it fails.
         self.unwritten: set[tuple[str, str]] = set()
+        #: Per job, how often a reactivating job fenced its starts here (`running_steps`): a
+        #: start that waited for room across a fence was sent before it, and is refused.
+        self.fences: Counter[str] = Counter()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
         #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
@@ -155,10 +158,20 @@ class StepHostCore:
             self._release(job_id)
 
     async def _start_steps(self, job_id: str, tenant: Tenant, steps: Sequence[StepStart]) -> int:
+        fence = self.fences[job_id]
         async with self._room:
             await self._room.wait_for(
-                lambda: not self.running or len(self.running) + len(steps) <= self.capacity
+                lambda: (
+                    self.fences[job_id] != fence
+                    or not self.running
+                    or len(self.running) + len(steps) <= self.capacity
+                )
             )
+            if self.fences[job_id] != fence:
+                raise RuntimeError(
+                    f"job {job_id} reactivated while {len(steps)} of its steps waited for room "
+                    "on this host: they were not started"
+                )
             here = [(s, self.running.get((job_id, s.step_id))) for s in steps]
             earlier = [s.step_id for s, run in here if run and run[0].attempt != s.attempt]
             if earlier:
@@ -212,7 +225,10 @@ class StepHostCore:
                 self._pop_running(key)
             raise
         finally:
-            self.unwritten.difference_update(keys)
+            # Wakes a fence waiting for these writes, and starts waiting for room.
+            async with self._room:
+                self.unwritten.difference_update(keys)
+                self._room.notify_all()
         for step in steps:
             self._launch(job_id, step, tenant.options)
         return len(steps)
@@ -375,9 +391,22 @@ class StepHostCore:
                 told += 1
         return told
 
-    def running_steps(self, job_id: str) -> list[str]:
+    async def running_steps(self, job_id: str, fence: bool = False) -> list[str]:
         """The job's steps running here (a first attempt whose RUNNING write is not stored
-        yet too; a later attempt waiting for that write not yet)."""
+        yet too; a later attempt waiting for that write not yet).
+
+        A job that reactivates and will count what storage holds asks with `fence`: the job's
+        starts still waiting for room here are refused, and the answer waits until the later
+        attempts' RUNNING writes are stored (the steps then run, and are listed) or failed.
+        Else such a write, landing after the job read storage, would run a step whose earlier
+        outcome the job counted, and its new outcome would be dropped."""
+        if fence and job_id in self.holds:
+            self.fences[job_id] += 1
+            async with self._room:
+                self._room.notify_all()
+                await self._room.wait_for(
+                    lambda: all(owner != job_id for owner, _ in self.unwritten)
+                )
         return [
             step_id
             for (owner, step_id) in self.running
@@ -445,6 +474,7 @@ class StepHostCore:
             del self.holds[job_id]
             tenant = self.job_tenant.pop(job_id, None)
             self.job_labels.pop(job_id, None)
+            self.fences.pop(job_id, None)
             if tenant is not None:
                 tenant.decisions.forget(job_id)
             self.removing_jobs.discard(job_id)
@@ -532,8 +562,8 @@ class StepHost:
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)
 
-    async def running_steps(self, job_id: str) -> list[str]:
-        return self.core.running_steps(job_id)
+    async def running_steps(self, job_id: str, fence: bool = False) -> list[str]:
+        return await self.core.running_steps(job_id, fence)
 
     async def held_jobs(self) -> list[str]:
         """The jobs this host keeps entries of (for tests and diagnosis)."""

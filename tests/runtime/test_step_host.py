@@ -7,14 +7,24 @@ and on what the hosts still hold, never on timings.
 
 from __future__ import annotations
 
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import ray
 
 import choreography_ray as cr
+from choreography_ray.model import JobState, StatusChange
+from choreography_ray.runtime.messages import StepStart, starts_to_wire
+from choreography_ray.runtime.step_host import StepHost
+from choreography_ray.storage import PlannedStep, StepUpdate, Storage
+from choreography_ray.types import type_path
+from tests.runtime.conftest import FAST
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
-from tests.runtime.step_host_jobs import Case, CasesJob, CasesRequest
+from tests.runtime.step_host_jobs import AsyncCaseStep, Case, CasesJob, CasesRequest
 from tests.support import eventually, in_storage
 
 #: The Ray namespace the `connect` fixture puts every actor in.
@@ -180,3 +190,100 @@ def test_status_history__a_step_done_at_launch_writes_only_its_outcome_a_later_o
     }
     failed, running = cr.StepStatus.COMPLETED_WITH_FAILURE, cr.StepStatus.RUNNING
     assert history == {0: [failed], 1: [running, failed]}
+
+
+# -- a reactivating job fences its starts (soak 105) ----------------------------------------------
+
+
+def host_with_failed_steps(storage_url: str, capacity: int) -> tuple[Any, str, tuple[str, str]]:
+    """A step host of its own, and a job whose steps "a" and "b" are stored FAILED at attempt 1
+    (each step, once started, runs until it is told to stop): (host, job id, its context)."""
+    job_id = f"fence-{uuid.uuid4().hex[:8]}"
+    request = Case(n=0, where="stop").model_dump_json()
+
+    async def seed(storage: Storage) -> None:
+        await storage.create_job(JobState(id=job_id, scope="fence", namespace="t", type="T"))
+        await storage.insert_plan(
+            job_id, [PlannedStep(s, type_path(AsyncCaseStep), 0, request) for s in "ab"]
+        )
+        change = StatusChange(status=cr.StepStatus.FAILED)
+        failed = cr.StepStatus.FAILED
+        await storage.update_steps([StepUpdate(job_id, s, failed, 1, None, change) for s in "ab"])
+
+    in_storage(storage_url, seed)
+    host = StepHost.options(name=f"test-fence/{job_id}").remote(RAY_NAMESPACE, capacity)  # type: ignore[attr-defined]
+    return host, job_id, (storage_url, cr.JobsOptions(**FAST).model_dump_json())
+
+
+def starts(step_id: str, attempt: int) -> bytes:
+    request = Case(n=0, where="stop").model_dump_json()
+    return starts_to_wire([StepStart(step_id, type_path(AsyncCaseStep), 0, attempt, request)])
+
+
+@contextmanager
+def write_lock(storage_url: str) -> Iterator[sqlite3.Connection]:
+    """This process holds SQLite's write lock: other writers wait (readers do not, in WAL)."""
+    connection = sqlite3.connect(storage_url.removeprefix("sqlite:///"), isolation_level=None)
+    connection.execute("BEGIN EXCLUSIVE")
+    try:
+        yield connection
+    finally:
+        connection.execute("ROLLBACK")
+        connection.close()
+
+
+def stored(storage_url: str, job_id: str, step_id: str) -> tuple[cr.StepStatus, int]:
+    step = in_storage(storage_url, lambda s: s.get_step(job_id, step_id))
+    assert step is not None
+    return step.status, step.attempt
+
+
+@pytest.mark.timeout(120)
+def test_fence__waits_for_a_later_attempts_running_write_then_lists_it(  # type: ignore[no-untyped-def]
+    ray_cluster, storage_url
+) -> None:
+    """A retry whose RUNNING write waits (here on a lock) is not listed as running yet; a fenced
+    ask waits for that write, so a reactivating job reads storage only after it: it then finds
+    the step RUNNING and adopts it, never counting the failure the write replaces."""
+    host, job_id, context = host_with_failed_steps(storage_url, capacity=4)
+    try:
+        # "a" runs first: the host has its storage open before the lock is taken.
+        assert ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT) == 1
+        with write_lock(storage_url) as locked:
+            started = host.start_steps.remote(job_id, context, starts("b", 2))
+            assert ray.get(host.running_steps.remote(job_id), timeout=WAIT) == ["a"]
+            fenced = host.running_steps.remote(job_id, True)
+            ready, _ = ray.wait([fenced], timeout=1.0)
+            assert not ready, "the fenced ask answered before the RUNNING write was stored"
+            row = locked.execute(
+                "SELECT status, attempt FROM job_steps WHERE job_id = ? AND step_id = 'b'",
+                (job_id,),
+            ).fetchone()
+            assert row == (cr.StepStatus.FAILED.value, 1)
+
+        assert sorted(ray.get(fenced, timeout=WAIT)) == ["a", "b"]
+        assert ray.get(started, timeout=WAIT) == 1
+        assert stored(storage_url, job_id, "b") == (cr.StepStatus.RUNNING, 2)
+    finally:
+        ray.kill(host)
+
+
+@pytest.mark.timeout(120)
+def test_fence__refuses_a_start_still_waiting_for_room(ray_cluster, storage_url) -> None:  # type: ignore[no-untyped-def]
+    """A start that waits for room when the job reactivates was sent by the activation before:
+    it is refused, and its step never runs over the outcome the new activation counts."""
+    host, job_id, context = host_with_failed_steps(storage_url, capacity=1)
+    try:
+        assert ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT) == 1
+        waiting = host.start_steps.remote(job_id, context, starts("b", 2))  # no room for it
+
+        assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
+        with pytest.raises(ray.exceptions.RayTaskError, match="reactivated"):
+            ray.get(waiting, timeout=WAIT)
+        assert stored(storage_url, job_id, "b") == (cr.StepStatus.FAILED, 1)
+        # A start sent after the fence waits for room as any other.
+        again = host.start_steps.remote(job_id, context, starts("b", 2))
+        ray.get(host.cancel_steps.remote(job_id), timeout=WAIT)
+        assert ray.get(again, timeout=WAIT) == 1
+    finally:
+        ray.kill(host)

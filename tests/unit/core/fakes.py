@@ -14,7 +14,8 @@ each step ends and how its report travels:
 Fault switches, all deliberate: `fail_starts` (the next start operations raise),
 `lose_start_answers` (the next start operations start their steps, then raise), `start_gate`
 (start operations wait for it, so a test sees them in flight), `kill(host)` (the host dies: its
-watch returns, its steps are gone from `running()`, storage keeps them RUNNING).
+watch returns, its steps are gone from `running()`, storage keeps them RUNNING). As a real
+host, `running(job, fence=True)` refuses the job's start operations waiting at the gate.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class FakeHosts:
         self.peak_in_flight = 0
         self.dead: set[str] = set()
         self._gone: dict[str, asyncio.Event] = {}
+        #: Per job, how many fenced `running` calls were made (see `StepHostCore.fences`).
+        self.fences: dict[str, int] = {}
 
     # -- the Hosts protocol -------------------------------------------------------------------
 
@@ -103,13 +106,23 @@ class FakeHosts:
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
     ) -> None:
+        """A start operation, once sent, runs on its host even when the activation that sent
+        it is gone (its caller cancelled)."""
         self.calls.append((host, list(batch)))
         self.labels.append(labels)
+        on_host = asyncio.ensure_future(self._start(host, job_id, batch))
+        on_host.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(on_host)
+
+    async def _start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
         self.in_flight += len(batch)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        fence = self.fences.get(job_id, 0)
         try:
             if self.start_gate is not None:
                 await self.start_gate.wait()
+            if self.fences.get(job_id, 0) != fence:
+                raise RuntimeError(f"job {job_id} reactivated while this start waited")
             if host in self.dead:
                 raise ConnectionError(f"{host} is dead")
             if self.fail_starts > 0:
@@ -152,7 +165,9 @@ class FakeHosts:
                 run.cancelled = True
                 run.removing = run.removing or removing
 
-    async def running(self, job_id: str) -> dict[str, str]:
+    async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
+        if fence:
+            self.fences[job_id] = self.fences.get(job_id, 0) + 1
         return {
             step_id: host
             for (host, step_id), run in self.runs.items()

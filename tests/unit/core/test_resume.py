@@ -482,3 +482,33 @@ def test_retry_failed_steps__a_stop_counts_a_step_never_started_as_stopped_not_f
         assert not h.c.counting.counted & h.c.counting.stopped
 
     activations.run(scenario)
+
+
+def test_recover__a_retry_the_lost_activation_was_starting_never_runs_after_its_failure_counted(
+    activations: Activations,
+) -> None:
+    """Soak 105's race: the lost activation's retry waits on its host while the new one counts
+    the step's stored failure. The resume fences the hosts, so the retry never runs then: its
+    success would be dropped by the job while storage showed it (counted failed, stored
+    succeeded)."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), max_step_attempts=2)
+        await h.c.start()
+        await h.hosts.finish("000000")
+        h.hosts.start_gate = asyncio.Event()  # the retry's start waits on its host
+        await h.hosts.finish("000001", FAILED, "boom")
+        await h.settle()
+        assert [(s.step_id, s.attempt) for s in h.hosts.calls[-1][1]] == [("000001", 2)]
+
+        await h.activate(reconstructed=True)  # recovers: counts the stored failure
+        h.hosts.start_gate.set()
+        await h.settle()
+
+        assert ("000001", 2) not in [(s.step_id, s.attempt) for s in h.hosts.started]
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_WITH_FAILURES
+        assert (stored.progress.successful_steps, stored.progress.failed_steps) == (1, 1)
+        assert (await h.steps())["000001"].status is StepStatus.FAILED
+
+    activations.run(scenario)
