@@ -24,9 +24,12 @@ class Hosts(Protocol):
         """Tells every running step of the job on these hosts to stop."""
 
     async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
-        """The job's steps running on live hosts: step id -> host. With `fence` (a job that
-        resumes), each host first refuses the job's starts still waiting there and waits for
-        the RUNNING writes of its later attempts (`StepHostCore.running_steps`)."""
+        """The job's steps running on live hosts: step id -> host. With `fence` (a job about
+        to count from storage), each host refuses the job's starts still waiting there and
+        holds the job's outcome writes until `lift_fence` (`StepHostCore.running_steps`)."""
+
+    async def lift_fence(self, job_id: str) -> None:
+        """The hosts write the job's outcomes again."""
 
     async def watch(self, host: str) -> None:
         """Returns (or raises) once the host is gone."""

@@ -16,9 +16,10 @@ counted steps (after a resume or reopen), never twice across activations.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from choreography_ray.core import leases, resuming, stopping
@@ -474,13 +475,17 @@ class JobCore:
             await self._stage_done(stage)
         return []
 
-    async def _adopt_stage(self, stage: int) -> list[StepStart]:
-        """The stage's steps stored running: those still running on a live host become active
-        here again instead of being started twice; returns the others, to start first. The
-        rest of the stage's unfinished steps come from the feed, from the top."""
+    async def _adopt_stage(
+        self, stage: int, host_of: dict[str, str] | None = None
+    ) -> list[StepStart]:
+        """The stage's steps stored running: those still running on a live host (`host_of`,
+        else asked now) become active here again instead of being started twice; returns the
+        others, to start first. The rest of the stage's unfinished steps come from the feed,
+        from the top."""
         # Hosts first, storage after: a step that finishes between the two reads is then either
         # adopted and stored as finished (so left alone), never read running and found idle.
-        host_of = await self.hosts.running(self.job_id)
+        if host_of is None:
+            host_of = await self.hosts.running(self.job_id)
         running = await stored_running(self.storage, self.job_id, stage, host_of)
         self.feed = Feed(stage, skip={row.step_id for row in running})
         return self._adopt(running, host_of)
@@ -539,11 +544,25 @@ class JobCore:
         return counted, read
 
     async def _forget_stored_outcomes(self, stage: int) -> None:
-        """After a recount: active steps whose outcome storage holds are counted by it."""
+        """Active steps whose outcome storage holds: the recount made in the same fence
+        counted them."""
         for outcome in await lost_reports(self.storage, self.job_id, self._settleable(stage)):
             entry = self.window.take(outcome.step_id, outcome.attempt)
             if entry is not None and self._dedicated_type(entry[0].type):
                 self.hosts.release(entry[1])
+
+    @contextlib.asynccontextmanager
+    async def _fenced(self) -> AsyncIterator[dict[str, str]]:
+        """The job's steps on live hosts (step id -> host), the hosts fenced while the block
+        reads storage: none of the job's outcomes is written meanwhile, and no start sent
+        before lands after. A recount and the steps adopted are then one picture: a step
+        listed has no outcome stored (it counts when it reports), and an outcome stored is of
+        a step not listed (the recount counts it)."""
+        host_of = await self.hosts.running(self.job_id, fence=True)
+        try:
+            yield host_of
+        finally:
+            await self.hosts.lift_fence(self.job_id)
 
     async def _stage_done(self, stage: int) -> None:
         if self._state.stage != stage or self._state.status is not JobStatus.RUNNING:
@@ -1007,9 +1026,11 @@ class JobCore:
         self.live = False
         # Progress from storage; a step of the stage with no outcome that runs nowhere has
         # stopped, and one still running counts when it reports.
-        not_running = await self._adopt_stage(stage)
-        self.stages.recount(await self.storage.count_by_status(self.job_id))
-        await self._forget_stored_outcomes(stage)
+        async with self._fenced() as host_of:
+            not_running = await self._adopt_stage(stage, host_of)
+            self.stages.recount(await self.storage.count_by_status(self.job_id))
+            # Entries this activation had before (a stop it made) may have stored outcomes.
+            await self._forget_stored_outcomes(stage)
         for start in not_running:
             if self.counting.count_stop(start.step_id):
                 self.tally.stopped += 1
@@ -1088,17 +1109,15 @@ class JobCore:
                 )
             raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
         # Every read before the first change: a failed read leaves the activation as it was.
-        # Hosts before storage (see _adopt_stage), fenced: a retry an earlier activation sent
-        # cannot run after the count below read its earlier outcome.
-        host_of = await self.hosts.running(self.job_id, fence=True)
-        counts = await self.storage.count_by_status(self.job_id)
-        running = await stored_running(self.storage, self.job_id, state.stage, host_of)
-        stopped = self.counting.stopped
-        stored = (
-            await stored_among(self.storage, self.job_id, state.stage, stopped)
-            if stopped
-            else set()
-        )
+        async with self._fenced() as host_of:
+            counts = await self.storage.count_by_status(self.job_id)
+            running = await stored_running(self.storage, self.job_id, state.stage, host_of)
+            stopped = self.counting.stopped
+            stored = (
+                await stored_among(self.storage, self.job_id, state.stage, stopped)
+                if stopped
+                else set()
+            )
         self.stages.recount(counts)
         # A stop counted for a step that has since reached its outcome (a take-back lost with
         # an activation before it was saved) is taken back now.
@@ -1112,12 +1131,12 @@ class JobCore:
         self.window.clear()
         self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
-        # their reports count, and a stop while the hook is owed reaches them.
+        # their reports count (the fence kept their outcomes out of the recount), and a stop
+        # while the hook is owed reaches them.
         # The others start once the resume hook succeeded; until then they are the stage's
         # never-started steps (a stop counts them as stopped).
         self._plan = {state.stage: self._adopt(running, host_of)}
         self.feed = Feed(state.stage, skip={row.step_id for row in running})
-        await self._forget_stored_outcomes(state.stage)
         try:
             await self._set_status(JobStatus.RUNNING)
         except Exception:

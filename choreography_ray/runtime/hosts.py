@@ -100,6 +100,16 @@ class RayHosts:
             for step_id in answer
         }
 
+    async def lift_fence(self, job_id: str) -> None:
+        answers = await asyncio.gather(
+            *(h.lift_fence.remote(job_id) for h in list(self.handles.values())),
+            return_exceptions=True,
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                log.warning("job %s: lifting a host's fence failed (it lifts itself): %s",
+                            job_id, answer)  # fmt: skip
+
     async def watch(self, host: str) -> None:
         handle = self.handles.get(host)
         if handle is not None:

@@ -61,6 +61,8 @@ log = get_logger(__name__)
 UNASKED_CANCEL = "perform raised CancelledError without being stopped"
 #: Seconds between two tries to persist a batch of outcomes: 1 s, doubling up to 30 s.
 PERSIST_RETRY = Backoff(1.0, 30.0)
+#: Seconds a fence holds a job's outcome writes when the job never lifts it (it was lost).
+FENCE_SECONDS = 60.0
 
 
 class Tenant:
@@ -114,6 +116,11 @@ class StepHostCore:
         #: Per job, how often a reactivating job fenced its starts here (`running_steps`): a
         #: start that waited for room across a fence was sent before it, and is refused.
         self.fences: Counter[str] = Counter()
+        #: The jobs whose fence is up: their outcome writes wait until `lift_fence` (or
+        #: FENCE_SECONDS), so the job reads storage while nothing of it changes there.
+        self.fenced: dict[str, asyncio.TimerHandle] = {}
+        #: Per job, outcome writes in flight.
+        self.writing: Counter[str] = Counter()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
         #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
@@ -349,11 +356,15 @@ class StepHostCore:
         labels = self.job_labels.get(job_id, UNKNOWN)
         tries = 0
         while True:
+            async with self._room:
+                await self._room.wait_for(lambda: job_id not in self.fenced)
+                self.writing[job_id] += 1
             try:
                 await tenant.commit.write(updates, deletes, labels)
-                break
             except Exception:
                 # Persist, then deliver: an outcome that is not stored is not reported.
+                async with self._room:
+                    self._written(job_id)
                 tries += 1
                 log.exception(
                     "job %s: could not persist %d outcomes; retrying",
@@ -362,11 +373,21 @@ class StepHostCore:
                     extra=ids(job_id),
                 )
                 await asyncio.sleep(PERSIST_RETRY.delay(tries))
-        async with self._room:
-            for o in outcomes:
-                self._pop_running((job_id, o.step_id))
-            self._room.notify_all()
+                continue
+            async with self._room:
+                # Not running here once stored: a fence's answer sees both at once.
+                for o in outcomes:
+                    self._pop_running((job_id, o.step_id))
+                self._written(job_id)
+            break
         await self._deliver(tenant, job_id, outcomes, labels)
+
+    def _written(self, job_id: str) -> None:
+        """An outcome write of the job ended (under `_room`)."""
+        self.writing[job_id] -= 1
+        if self.writing[job_id] <= 0:
+            del self.writing[job_id]
+        self._room.notify_all()
 
     async def _deliver(
         self, tenant: Tenant, job_id: str, outcomes: list[Outcome], labels: Labels
@@ -396,23 +417,50 @@ class StepHostCore:
         """The job's steps running here (a first attempt whose RUNNING write is not stored
         yet too; a later attempt waiting for that write not yet).
 
-        A job that reactivates and will count what storage holds asks with `fence`: the job's
-        starts still waiting for room here are refused, and the answer waits until the later
-        attempts' RUNNING writes are stored (the steps then run, and are listed) or failed.
-        Else such a write, landing after the job read storage, would run a step whose earlier
-        outcome the job counted, and its new outcome would be dropped."""
+        A job that reactivates and will count what storage holds asks with `fence`, and lifts
+        the fence (`lift_fence`) once it has read storage. Until then the job's outcomes are
+        not written, so its reads are one still picture: a step listed here has no outcome
+        stored, and any outcome stored is of a step not listed. The job's starts still waiting
+        for room are refused, and the answer waits for the writes in flight: outcomes, and
+        later attempts' RUNNING (stored, the steps run and are listed; failed, they never run).
+        Else a write landing between the job's reads could be counted twice or not at all."""
         if fence and job_id in self.holds:
             self.fences[job_id] += 1
             async with self._room:
-                self._room.notify_all()
+                self._put_fence(job_id)
                 await self._room.wait_for(
-                    lambda: all(owner != job_id for owner, _ in self.unwritten)
+                    lambda: (
+                        job_id not in self.writing
+                        and all(owner != job_id for owner, _ in self.unwritten)
+                    )
                 )
         return [
             step_id
             for (owner, step_id) in self.running
             if owner == job_id and (owner, step_id) not in self.unwritten
         ]
+
+    def _put_fence(self, job_id: str) -> None:
+        """Holds the job's outcome writes (under `_room`) for FENCE_SECONDS at most."""
+        if (old := self.fenced.get(job_id)) is not None:
+            old.cancel()
+        self.fenced[job_id] = asyncio.get_running_loop().call_later(
+            FENCE_SECONDS,
+            lambda: self.spawn(self.lift_fence(job_id, expired=True), f"fence expired {job_id}"),
+        )
+        self._room.notify_all()
+
+    async def lift_fence(self, job_id: str, expired: bool = False) -> None:
+        """The job's outcome writes go on."""
+        async with self._room:
+            handle = self.fenced.pop(job_id, None)
+            if handle is None:
+                return
+            handle.cancel()
+            if expired:
+                log.warning("job %s: its fence was never lifted; lifted after %g s", job_id,
+                            FENCE_SECONDS, extra=ids(job_id))  # fmt: skip
+            self._room.notify_all()
 
     async def renew_leases(self, tenant: Tenant, every: float) -> None:
         """Every `every` s, renews the leases of this tenant's running steps in one conditional
@@ -565,6 +613,9 @@ class StepHost:
 
     async def running_steps(self, job_id: str, fence: bool = False) -> list[str]:
         return await self.core.running_steps(job_id, fence)
+
+    async def lift_fence(self, job_id: str) -> None:
+        await self.core.lift_fence(job_id)
 
     async def held_jobs(self) -> list[str]:
         """The jobs this host keeps entries of (for tests and diagnosis)."""

@@ -8,6 +8,7 @@ and on what the hosts still hold, never on timings.
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -280,10 +281,37 @@ def test_fence__refuses_a_start_still_waiting_for_room(ray_cluster, storage_url)
         assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
         with pytest.raises(ray.exceptions.RayTaskError, match="reactivated"):
             ray.get(waiting, timeout=WAIT)
+        ray.get(host.lift_fence.remote(job_id), timeout=WAIT)
         assert stored(storage_url, job_id, "b") == (cr.StepStatus.FAILED, 1)
         # A start sent after the fence waits for room as any other.
         again = host.start_steps.remote(job_id, context, starts("b", 2))
         ray.get(host.cancel_steps.remote(job_id), timeout=WAIT)
         assert ray.get(again, timeout=WAIT) == 1
+    finally:
+        ray.kill(host)
+
+
+@pytest.mark.timeout(120)
+def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, storage_url) -> None:  # type: ignore[no-untyped-def]
+    """While a resuming job reads storage nothing of it changes there: a step that ends under
+    the fence (here it succeeds once told to stop) stays running here and unwritten, and is
+    written once the job lifts the fence."""
+    host, job_id, context = host_with_failed_steps(storage_url, capacity=4)
+    try:
+        assert ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT) == 1
+        assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
+
+        assert ray.get(host.cancel_steps.remote(job_id), timeout=WAIT) == 1  # "a" ends
+        time.sleep(1.0)  # the outcome is known at once; unfenced, its write takes milliseconds
+        assert stored(storage_url, job_id, "a") == (cr.StepStatus.RUNNING, 2)
+        assert ray.get(host.running_steps.remote(job_id), timeout=WAIT) == ["a"]
+
+        ray.get(host.lift_fence.remote(job_id), timeout=WAIT)
+        eventually(
+            lambda: in_storage(storage_url, lambda s: s.get_step(job_id, "a")) is None,
+            WAIT,
+            "the success written (the record deleted) once the fence is lifted",
+        )
+        eventually(lambda: not ray.get(host.running_steps.remote(job_id)), WAIT, "a let go")
     finally:
         ray.kill(host)

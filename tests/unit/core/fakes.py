@@ -15,7 +15,8 @@ Fault switches, all deliberate: `fail_starts` (the next start operations raise),
 `lose_start_answers` (the next start operations start their steps, then raise), `start_gate`
 (start operations wait for it, so a test sees them in flight), `kill(host)` (the host dies: its
 watch returns, its steps are gone from `running()`, storage keeps them RUNNING). As a real
-host, `running(job, fence=True)` refuses the job's start operations waiting at the gate.
+host, `running(job, fence=True)` refuses the job's start operations waiting at the gate, and
+holds the job's outcome writes (a step stays running meanwhile) until `lift_fence(job)`.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class FakeHosts:
         self._gone: dict[str, asyncio.Event] = {}
         #: Per job, how many fenced `running` calls were made (see `StepHostCore.fences`).
         self.fences: dict[str, int] = {}
+        #: The jobs whose fence is up, each with the event its lifting sets.
+        self.fenced: dict[str, asyncio.Event] = {}
 
     # -- the Hosts protocol -------------------------------------------------------------------
 
@@ -168,6 +171,7 @@ class FakeHosts:
     async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
         if fence:
             self.fences[job_id] = self.fences.get(job_id, 0) + 1
+            self.fenced.setdefault(job_id, asyncio.Event())
         return {
             step_id: host
             for (host, step_id), run in self.runs.items()
@@ -209,7 +213,12 @@ class FakeHosts:
             del self.runs[key]
         self._gone.setdefault(host, asyncio.Event()).set()
 
-    def _take(self, step_id: str, host: str | None) -> Run:
+    async def lift_fence(self, job_id: str) -> None:
+        lifted = self.fenced.pop(job_id, None)
+        if lifted is not None:
+            lifted.set()
+
+    def _find(self, step_id: str, host: str | None) -> tuple[str, str]:
         keys = [
             key
             for key in self.runs
@@ -217,7 +226,7 @@ class FakeHosts:
         ]
         assert keys, f"step {step_id} runs nowhere"
         assert len(keys) == 1, f"step {step_id} runs on {len(keys)} hosts at once: {keys}"
-        return self.runs.pop(keys[0])
+        return keys[0]
 
     async def finish(
         self,
@@ -231,13 +240,15 @@ class FakeHosts:
     ) -> Outcome:
         """The running step (on `host`, when it runs on several) ends with `status`: persisted
         as a real host does (unless `persist=False`), then reported `deliver` times (0: the
-        report is lost)."""
-        run = self._take(step_id, host)
+        report is lost). It runs until its outcome is stored, as on a real host."""
+        key = self._find(step_id, host)
+        run = self.runs[key]
         if run.removing:
             status = STOPPED  # a step of a job being removed always reports its stop
         outcome = Outcome(step_id, run.start.attempt, status, message)
         if persist:
             await self.persist(run.job_id, outcome)
+        del self.runs[key]
         for _ in range(deliver):
             delivered = await self.report(outcome)
             if delivered and run.removing and persist:
@@ -246,7 +257,10 @@ class FakeHosts:
         return outcome
 
     async def persist(self, job_id: str, outcome: Outcome) -> None:
-        """Writes the outcome as a real host does, trying again while storage fails."""
+        """Writes the outcome as a real host does (once the job's fence is lifted), trying
+        again while storage fails."""
+        while (fence := self.fenced.get(job_id)) is not None:
+            await fence.wait()
         await self._retrying(lambda: self._persist(job_id, outcome))
 
     async def _retrying(self, write: Callable[[], Awaitable[None]]) -> None:

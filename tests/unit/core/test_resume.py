@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
 from choreography_ray.errors import JobOperationError, RetryFailedStepsError, StorageError
 from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage import StatusCounts
 from tests.unit.core.conftest import Activations
 from tests.unit.core.fakes import FAILED, FaultyStorage
 from tests.unit.core.harness import Harness
@@ -510,5 +513,54 @@ def test_recover__a_retry_the_lost_activation_was_starting_never_runs_after_its_
         assert stored.status is JobStatus.COMPLETED_WITH_FAILURES
         assert (stored.progress.successful_steps, stored.progress.failed_steps) == (1, 1)
         assert (await h.steps())["000001"].status is StepStatus.FAILED
+
+    activations.run(scenario)
+
+
+class StepEndsAfterTheCount(FaultyStorage):
+    """A step of the job ends (persisted, then reported) right after the recount read storage:
+    soak 3023's race."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: Callable[[], Coroutine[Any, Any, object]] | None = None
+        self.ended: asyncio.Task[object] | None = None
+
+    async def count_by_status(self, job_id: str) -> StatusCounts:
+        counts = await super().count_by_status(job_id)
+        if self.ends is not None:
+            ends, self.ends = self.ends, None
+            self.ended = asyncio.create_task(ends())
+            for _ in range(10):  # as far as it goes: its write, unless a fence holds it
+                await asyncio.sleep(0)
+        return counts
+
+
+def test_recover__a_step_ending_while_the_resume_reads_storage_counts_once(
+    activations: Activations,
+) -> None:
+    """The recount and the steps adopted are one picture: a step whose outcome was stored
+    after the recount and before the running steps were read was neither counted nor adopted
+    (its report dropped), and a stop right after kept the job one success short."""
+
+    async def scenario() -> None:
+        storage = StepEndsAfterTheCount()
+        h = await activations.new(StagedJob, Plan(sizes=[3]), storage=storage)
+        await h.c.start()
+        await h.hosts.finish("000000")
+        storage.ends = lambda: h.hosts.finish("000001")
+
+        await h.activate(reconstructed=True)  # recovers: the step ends during its reads
+        await h.settle()
+        assert storage.ended is not None and storage.ended.done()
+        await h.c.stop()
+        await h.hosts.stop_cancelled()
+        await h.settle()
+
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        progress = stored.progress
+        assert (progress.successful_steps, progress.stopped_steps) == (2, 1)
+        assert set(await h.steps()) == {"000002"}
 
     activations.run(scenario)
