@@ -64,12 +64,16 @@ SOAK_REGRESSIONS: dict[int, str] = {
     "failure not counted; its job actor logs 'Found multiple active Ray instances ... Connecting "
     "to latest cluster' 95 times: the lease check's state API call finds another Ray instance "
     "of the machine, not its own, and 844 steps ran again",
+    3023: "kill_job_actor, then op_stop 2 s later: the STOPPED job counts 1479 successful "
+    "steps where storage holds 1492; the 13 steps ended while the resume read storage, after "
+    "its recount and before its read of the running steps, so they were neither counted nor "
+    "adopted (their reports dropped), and the stop counted nothing more",
 }
 
 
 #: The (profile, seed) runs without `CHAOS_FULL`: between them every fault kind is drawn
 #: (`storage_lock_refuse` only in the soak profile), as the test below checks. Nine runs, where
-#: the full set makes fifteen.
+#: the full set makes sixteen.
 DEFAULT = {
     ("ci", 3): "drop_deliveries, storage_refuse",
     ("ci", 5): "op_remove, op_retry_failed",
