@@ -10,8 +10,9 @@ at launch writes no RUNNING at all. Once launched, a first attempt is this host'
 its outcome is stored: a failed RUNNING write is written again in the background (while the step
 has no outcome yet), never reported as a failed start, so the job never starts it elsewhere
 while it runs here. A batch with a later attempt (a retry, a resumed stop) runs only once its
-RUNNING write is stored; a resuming job fences the host (`running_steps`), so such a start sent
-before the resume never runs after it. A dedicated step actor is the same class hosting one step.
+RUNNING write is stored. A resuming job fences the host while it reads storage (`running_steps`,
+`lift_fence`): its outcome writes wait, and a start it sent before never runs after. A dedicated
+step actor is the same class hosting one step.
 
 Whatever a perform raises is its step's outcome, never its batch's or the host's: a
 `CancelledError` the host did not ask for (the step was not told to stop) is a failure, and so is
