@@ -839,7 +839,16 @@ class JobCore:
                 await self._settle_stored(stored_of_host)
                 lost = self.window.on_host(host)
                 if lost and not self.live:
-                    # The steps of a stopped job on a gone host will never report their stop.
+                    # The steps of a stopped job on a gone host will never report their stop:
+                    # stored STOPPED here, as their host would have, then counted.
+                    change = StatusChange(status=StepStatus.STOPPED)
+                    await self.storage.update_steps(
+                        [
+                            StepUpdate(self.job_id, s.step_id, StepStatus.STOPPED, s.attempt,
+                                       change=change)
+                            for s in lost
+                        ]
+                    )  # fmt: skip
                     for start in lost:
                         self.accept(Outcome(start.step_id, start.attempt, StepStatus.STOPPED))
                     await self._finish_stop_when_reported()

@@ -68,12 +68,15 @@ SOAK_REGRESSIONS: dict[int, str] = {
     "steps where storage holds 1492; the 13 steps ended while the resume read storage, after "
     "its recount and before its read of the running steps, so they were neither counted nor "
     "adopted (their reports dropped), and the stop counted nothing more",
+    4023: "a step host SIGKILLed, then a stop of one of its jobs 33 ms later: the job counted "
+    "the dead host's steps as stopped but left them stored RUNNING in the STOPPED job "
+    "(29 records; failed in 4 of 4 runs before the fix)",
 }
 
 
 #: The (profile, seed) runs without `CHAOS_FULL`: between them every fault kind is drawn
 #: (`storage_lock_refuse` only in the soak profile), as the test below checks. Nine runs, where
-#: the full set makes sixteen.
+#: the full set makes seventeen.
 DEFAULT = {
     ("ci", 3): "drop_deliveries, storage_refuse",
     ("ci", 5): "op_remove, op_retry_failed",

@@ -326,6 +326,13 @@ def test_stop__a_dead_hosts_step_whose_outcome_is_stored_counts_that_outcome(
         progress = stored.progress
         assert (progress.successful_steps, progress.failed_steps) == (1, 1)
         assert progress.stopped_steps == 1
+        # The step that died with its host is stored as the stop counted it (soak 4023: it
+        # stayed RUNNING in the stopped job).
+        steps = await h.steps()
+        assert {s: (r.status, r.attempt) for s, r in steps.items()} == {
+            "000001": (FAILED, 1),
+            "000002": (STOPPED, 1),
+        }
 
     activations.run(scenario)
 
