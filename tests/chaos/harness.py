@@ -356,17 +356,26 @@ class StepLog:
 SETTLED = ("CompletedSuccessfully", "CompletedWithFailures", "Failed")
 
 
+def _state(world: Any, job_id: str) -> Any:
+    """The job's stored record; None once it is gone."""
+    import choreography_ray as cr
+
+    try:
+        return world.call(lambda: world.manager.get(job_id))
+    except cr.JobOperationError as error:
+        if error.error is cr.JobLookupError.JOB_NOT_FOUND:
+            return None
+        raise
+
+
 def _status(world: Any, job_id: str) -> tuple[str, int]:
     """The job's stored status (`removed` once it is gone, `stopped` once a stop is final) and
     how many of its steps have a counted outcome."""
     import choreography_ray as cr
 
-    try:
-        state = world.call(lambda: world.manager.get(job_id))
-    except cr.JobOperationError as error:
-        if error.error is cr.JobLookupError.JOB_NOT_FOUND:
-            return "removed", 0
-        raise
+    state = _state(world, job_id)
+    if state is None:
+        return "removed", 0
     p = state.progress
     done = p.successful_steps + p.failed_steps + p.unreachable_steps + p.stopped_steps
     if state.status is cr.JobStatus.STOPPED:
@@ -472,6 +481,9 @@ def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
 
         # Every job settles within the bound; a stop is final only if one was the last word.
         expectations = invariants.expectations(result.faults, job_ids)
+        for job_id, expectation in expectations.items():
+            if expectation.remove_unsure and invariants.untouched_by_remove(_state(world, job_id)):
+                expectation.removed = False
         deadline = time.monotonic() + shape.settle_timeout
         while True:
             look()

@@ -42,6 +42,9 @@ FAILED_STATUSES = ("CompletedWithFailure", "Failed")
 class Expectation:
     may_stop: bool = False
     removed: bool = False
+    #: A remove answered UNKNOWN: the job is removed unless the remove never stored REMOVING
+    #: (storage refused it), which leaves the job as it was (`untouched_by_remove`).
+    remove_unsure: bool = False
 
     def satisfied_by(self, status: str) -> bool:
         if self.removed:
@@ -62,7 +65,8 @@ def expectations(faults: Sequence[Any], job_ids: Sequence[str]) -> dict[str, Exp
         if fault.kind == "op_remove" and fault.answer in ("ok", "JobIsAlreadyBeingRemoved"):
             expectation.removed = True
         elif fault.kind == "op_remove" and fault.answer is not None:
-            expectation.removed = True  # UNKNOWN: the finish is retried on a timer
+            # UNKNOWN: the finish is retried on a timer, or REMOVING was never stored.
+            expectation.removed = expectation.remove_unsure = True
         elif fault.kind == "op_stop" and fault.answer == "ok":
             expectation.may_stop = True
         elif fault.kind in ("op_resume", "op_double_resume", "op_retry_failed") and (
@@ -70,6 +74,11 @@ def expectations(faults: Sequence[Any], job_ids: Sequence[str]) -> dict[str, Exp
         ):
             expectation.may_stop = False
     return out
+
+
+def untouched_by_remove(state: Any) -> bool:
+    """The job's record never had the status REMOVING: a remove that raised did not take."""
+    return state is not None and all(str(c.status) != "Removing" for c in state.status_changes)
 
 
 def progress_again(

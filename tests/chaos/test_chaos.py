@@ -168,6 +168,22 @@ def test_checker__a_step_counted_twice_is_a_violation() -> None:
     assert "counted_twice" in {v["kind"] for v in result.violations}
 
 
+def test_checker__a_remove_answered_unknown_is_removal_unless_it_never_stored_removing() -> None:
+    """Soak 4011: a remove whose REMOVING write storage refused raised UNKNOWN and left the job
+    as it was; the checker waited for its removal."""
+    fault = SimpleNamespace(job="j", kind="op_remove", answer="Unknown")
+    expectation = invariants.expectations([fault], ["j"])["j"]
+    assert (expectation.removed, expectation.remove_unsure) == (True, True)
+
+    def state(*statuses: cr.JobStatus) -> SimpleNamespace:
+        return SimpleNamespace(status_changes=[cr.StatusChange(status=s) for s in statuses])
+
+    completed = cr.JobStatus.COMPLETED_WITH_FAILURES
+    assert invariants.untouched_by_remove(state(cr.JobStatus.RUNNING, completed))
+    assert not invariants.untouched_by_remove(state(completed, cr.JobStatus.REMOVING, completed))
+    assert not invariants.untouched_by_remove(None)  # gone: removed
+
+
 @pytest.mark.timeout(PROFILES["soak"].deadline + 120)
 @pytest.mark.parametrize("seed", seeds("soak", SOAK_REGRESSIONS))
 def test_chaos_soak_regression__every_invariant_holds(seed: int) -> None:
