@@ -714,30 +714,35 @@ class JobCore:
         return answers
 
     async def _cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:
+        outcomes = [Outcome(s.step_id, s.attempt, StepStatus.FAILED, why) for s, why in failures]
         try:
-            await self._store_cannot_start(failures)
+            await self._store_outcomes(outcomes)
         except Exception:
             self.window.requeue(start for start, _why in failures)
             raise
-        for start, why in failures:
+        for (start, why), outcome in zip(failures, outcomes, strict=True):
             log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why,
                         extra=ids(self.job_id, start.step_id))  # fmt: skip
             # Its attempt ended here: no longer a retry waiting for a host (else a stop after
             # a RetryFailedSteps would count it failed once more).
             self.window.retrying.discard(start.step_id)
-            self._settle(start, Outcome(start.step_id, start.attempt, StepStatus.FAILED, why))
+            self._settle(start, outcome)
 
-    async def _store_cannot_start(self, failures: list[tuple[StepStart, str]]) -> None:
+    async def _store_outcomes(self, outcomes: list[Outcome]) -> None:
+        """Stores outcomes the job reached itself (not successes), as a host stores a step's."""
         await self.storage.update_steps(
             [
                 StepUpdate(
                     self.job_id,
-                    start.step_id,
-                    StepStatus.FAILED,
-                    start.attempt,
-                    change=StatusChange(status=StepStatus.FAILED, exception_messages=(why,)),
+                    o.step_id,
+                    o.status,
+                    o.attempt,
+                    change=StatusChange(
+                        status=o.status,
+                        exception_messages=() if o.message is None else (o.message,),
+                    ),
                 )
-                for start, why in failures
+                for o in outcomes
             ]
         )
 
@@ -841,16 +846,10 @@ class JobCore:
                 if lost and not self.live:
                     # The steps of a stopped job on a gone host will never report their stop:
                     # stored STOPPED here, as their host would have, then counted.
-                    change = StatusChange(status=StepStatus.STOPPED)
-                    await self.storage.update_steps(
-                        [
-                            StepUpdate(self.job_id, s.step_id, StepStatus.STOPPED, s.attempt,
-                                       change=change)
-                            for s in lost
-                        ]
-                    )  # fmt: skip
-                    for start in lost:
-                        self.accept(Outcome(start.step_id, start.attempt, StepStatus.STOPPED))
+                    stops = [Outcome(s.step_id, s.attempt, StepStatus.STOPPED) for s in lost]
+                    await self._store_outcomes(stops)
+                    for outcome in stops:
+                        self.accept(outcome)
                     await self._finish_stop_when_reported()
                 elif lost and self.options.lease_seconds is None:
                     log.warning(
