@@ -247,21 +247,22 @@ def _start_and_wait(
             fail(f"the job did not start: {error}", code)
         except ChoreographyError as error:
             fail(f"the job did not start: {error}", ExitCode.JOB_NOT_SUCCESSFUL)
-        err_console.print(
-            f"started job {started.job_id} ({job_type}) in {scope}/{namespace}, storage {url}",
-            highlight=False, soft_wrap=True,
-        )  # fmt: skip
-        if started.error is not None:
-            err_console.print(
-                f"warning: {started.error.name} when starting the first stage; the job runs on",
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
         summary = {"job_id": started.job_id, "scope": scope, "namespace": namespace,
                    "storage": url}  # fmt: skip
-        if not wait:
-            typer.echo(json.dumps(summary, indent=2))
-            return
+        # From the line that says the job started, Ctrl-C stops (or detaches from) that job.
         try:
+            err_console.print(
+                f"started job {started.job_id} ({job_type}) in {scope}/{namespace}, storage {url}",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            if started.error is not None:
+                err_console.print(
+                    f"warning: {started.error.name} when starting the first stage; the job runs "
+                    "on", highlight=False, soft_wrap=True,
+                )  # fmt: skip
+            if not wait:
+                typer.echo(json.dumps(summary, indent=2))
+                return
             state = manager.wait(started.job_id, timeout=timeout)
         except JobTimeoutError as error:
             typer.echo(state_json(manager.get(started.job_id)))

@@ -91,6 +91,7 @@ def test_dashboard__serves_loopback_read_only_by_default(storage_url: str) -> No
     assert server.returncode in (0, -signal.SIGINT), printed
 
 
+@pytest.mark.slow  # a Ray head of its own: about 25 s
 def test_dashboard__with_an_address_prints_a_token_that_logs_in(storage_url: str) -> None:
     port = free_port()
     env = {k: v for k, v in cli_env().items() if k != "CHOREOGRAPHY_DASHBOARD_TOKEN"}

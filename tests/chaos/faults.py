@@ -147,6 +147,8 @@ class ChaosCluster:
             "gcs_server_port": free_port(),
             "_system_config": HEALTH,
         }
+        if self.dashboard:  # a port of its own: other clusters of the machine may hold 8265
+            head["dashboard_port"] = free_port()
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         for _ in range(self.initial_workers):
             self.cluster.add_node(num_cpus=1)

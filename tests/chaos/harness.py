@@ -109,6 +109,18 @@ PROFILES = {
         settle_timeout=150.0,
         deadline=480,
     ),
+    # The default test tier: the ci profile's jobs with three or four faults a run, drawn from
+    # every kind (the soak's too), so that five runs draw every fault kind between them.
+    "tier": Profile(
+        name="tier",
+        jobs=(1, 2),
+        steps=(150, 400),
+        faults=(3, 4),
+        job_seconds=(3.0, 6.0),
+        weights={**_COMMON, "storage_lock_refuse": 0.5},
+        settle_timeout=90.0,
+        deadline=300,
+    ),
 }
 
 

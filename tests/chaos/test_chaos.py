@@ -2,8 +2,9 @@
 a bug kept as a regression test. Each seed runs in a subprocess of its own (`run_seed`); the
 soak is `choreography-ray chaos` (docs/chaos.md).
 
-By default a subset runs (`DEFAULT`): at least one seed of every fault kind. `CHAOS_FULL=1`
-runs every seed below; the others are skipped without it, saying so."""
+The default test tier runs `DEFAULT`: five seeds of the tier profile that draw every fault kind
+between them. Every other seed below is in the slow tier (`python -m pytest -m slow`);
+`CHAOS_FULL=1` runs them all in one tier, as `CHAOS_FULL=1 python -m pytest tests/chaos`."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from tests.chaos.faults import KINDS
 from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_seed
 
 #: Seconds one seed may take: the run's own deadline, and its cluster's shutdown.
-pytestmark = pytest.mark.timeout(PROFILES["ci"].deadline + 120)
+pytestmark = pytest.mark.timeout(max(p.deadline for p in PROFILES.values()) + 120)
 
-#: The environment variable that runs every seed of this module, not only `DEFAULT`'s.
+#: The environment variable that runs every seed of this module in the default tier.
 FULL_ENV = "CHAOS_FULL"
 FULL = os.environ.get(FULL_ENV, "") not in ("", "0")
 
@@ -74,27 +75,26 @@ SOAK_REGRESSIONS: dict[int, str] = {
 }
 
 
-#: The (profile, seed) runs without `CHAOS_FULL`: between them every fault kind is drawn
-#: (`storage_lock_refuse` only in the soak profile), as the test below checks. Nine runs, where
-#: the full set makes seventeen.
+#: The seeds of the tier profile that run in the default test tier: three or four faults each,
+#: every fault kind drawn between them (as the test below checks), about 30-50 s a run.
+TIER_SEEDS = [931, 1316, 1612, 2549, 2771]
+
+#: The (profile, seed) runs of the default tier, with the faults each draws.
 DEFAULT = {
-    ("ci", 3): "drop_deliveries, storage_refuse",
-    ("ci", 5): "op_remove, op_retry_failed",
-    ("ci", 9): "kill_host_ray, kill_host_sigkill",
-    ("ci", 55): "restart_cluster, kill_job_actor",
-    ("ci", 145): "kill_manager, storage_slow",
-    ("ci", 170): "kill_recovery, add_node",
-    ("ci", 200): "op_stop, op_resume, op_double_resume",
-    ("ci", 266): "duplicate_delivery, storage_lost_ack",
-    ("soak", 105): "kill_host_ray, storage_lock_refuse, storage_lock, remove_node",
+    ("tier", 931): "op_stop, storage_slow, kill_host_sigkill, op_remove, op_resume",
+    ("tier", 1316): "op_double_resume, remove_node, storage_lock, duplicate_delivery",
+    ("tier", 1612): "kill_host_ray, kill_job_actor, storage_lock, storage_lost_ack",
+    ("tier", 2549): "kill_manager, storage_refuse, drop_deliveries, op_retry_failed",
+    ("tier", 2771): "storage_lock_refuse, restart_cluster, add_node, kill_recovery",
 }
 
 
 def seeds(profile: str, chosen: Iterable[int]) -> list[Any]:
-    """`chosen`'s seeds as parameters: those not in `DEFAULT` skipped unless `CHAOS_FULL`."""
-    skip = pytest.mark.skipif(not FULL, reason=f"in the full chaos set: {FULL_ENV}=1 runs it")
+    """`chosen`'s seeds as parameters: those not in `DEFAULT` in the slow tier, unless
+    `CHAOS_FULL`."""
     return [
-        seed if (profile, seed) in DEFAULT else pytest.param(seed, marks=skip) for seed in chosen
+        seed if (profile, seed) in DEFAULT or FULL else pytest.param(seed, marks=pytest.mark.slow)
+        for seed in chosen
     ]
 
 
@@ -105,14 +105,19 @@ def test_default__draws_every_fault_kind_and_says_which() -> None:
         assert kinds == set(said.split(", ")), (profile, seed, kinds)
         drawn |= kinds
     assert drawn == set(KINDS)
-    every = {("ci", s) for s in [*CI_SEEDS, *REGRESSIONS]} | {("soak", s) for s in SOAK_REGRESSIONS}
-    assert set(DEFAULT) <= every
+    assert set(DEFAULT) == {("tier", s) for s in TIER_SEEDS}
 
 
 def test_plan__the_same_seed_draws_the_same_plan_and_schedule() -> None:
     assert plan_run(42).summary() == plan_run(42).summary()
     assert plan_run(42).jobs == plan_run(42).jobs
     assert plan_run(42).summary() != plan_run(43).summary()
+
+
+@pytest.mark.parametrize("seed", seeds("tier", TIER_SEEDS))
+def test_chaos_tier_seed__every_invariant_holds(seed: int) -> None:
+    result = run_seed(seed, "tier")
+    assert result.ok, describe(result)
 
 
 @pytest.mark.parametrize("seed", seeds("ci", CI_SEEDS))

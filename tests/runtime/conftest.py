@@ -18,7 +18,9 @@ import pytest
 import ray
 
 import choreography_ray as cr
-from tests.support import RAY_NAMESPACE
+from choreography_ray.client import settled
+from choreography_ray.storage import Storage
+from tests.support import RAY_NAMESPACE, in_storage
 
 #: Short intervals so the tests observe watchdog ticks and deliveries in seconds.
 FAST = {
@@ -59,22 +61,55 @@ def _named_actors() -> set[tuple[str, str]]:
     return {(actor["namespace"], actor["name"]) for actor in named}
 
 
+#: The name prefixes of the actors that run a test's jobs: its job actors and dedicated steps.
+JOB_ACTORS = ("job/", "step/")
+
+
+def _kill(namespace: str, name: str) -> None:
+    with contextlib.suppress(ValueError):  # gone meanwhile
+        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+
+
+def _unsettled(url: str | None, job_ids: set[str]) -> set[str]:
+    """The jobs of `job_ids` that `url` holds neither settled nor removed."""
+    if url is None or not job_ids:
+        return set()
+
+    async def read(storage: Storage) -> set[str]:
+        states = [await storage.get_job(job_id) for job_id in job_ids]
+        return {s.id for s in states if s is not None and not settled(s)}
+
+    return in_storage(url, read)
+
+
 @pytest.fixture(autouse=True)
-def _end_the_tests_actors() -> Iterator[None]:
-    """Kills, once the test has ended (its other fixtures torn down first), the jobs managers
-    and schedulers it created, and every actor of a Ray namespace it began (a recovery actor and
-    step hosts of its own). Nothing outlives a test on its fresh scope; a job actor left running
-    is not killed (the recovery actor's reconciliation would bring it back through its
-    manager), and its metrics relay to the gone manager fails, as metrics may."""
+def _end_the_tests_actors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Ends, once the test has ended (its other fixtures torn down first), the actors it
+    created: its jobs managers and schedulers, every actor of a Ray namespace it began (a
+    recovery actor and step hosts of its own), and its job actors and dedicated steps. A job of
+    its storage left running (not settled, not removed) fails the test, naming it: its record
+    would have the recovery actor bring it back, beside every later test. The step hosts and
+    the recovery actor of `RAY_NAMESPACE` are shared by every test, as in production, and stay."""
     before = _named_actors() if ray.is_initialized() else None
+    url = request.getfixturevalue("storage_url") if "storage_url" in request.fixturenames else None
     yield
     if before is None or not ray.is_initialized():
         return
     namespaces = {namespace for namespace, _ in before} | {RAY_NAMESPACE}
+    jobs: set[str] = set()
     for namespace, name in sorted(_named_actors() - before):
         if name.startswith(OWN_ACTORS) or namespace not in namespaces:
-            with contextlib.suppress(ValueError):  # gone meanwhile
-                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+            _kill(namespace, name)
+        elif name.startswith(JOB_ACTORS):
+            jobs.add(name.split("/")[1])
+    running = _unsettled(url, jobs)
+    for namespace, name in sorted(_named_actors() - before):
+        if name.startswith(JOB_ACTORS):
+            _kill(namespace, name)
+    if running:
+        pytest.fail(
+            f"the test left jobs running: {sorted(running)}; stop or remove them before it ends"
+        )
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -136,7 +135,8 @@ class Run:
 
     def __init__(self, tmp_path: Path, url: str, scope: str, address: str, *extra: str) -> None:
         request = tmp_path / f"request-{uuid.uuid4().hex[:6]}.json"
-        request.write_text(json.dumps({"count": 2, "seconds": 120}), encoding="utf-8")
+        # Steps that hold until stopped: the job cannot finish before the interrupt reaches it.
+        request.write_text(json.dumps({"count": 2, "seconds": 3600}), encoding="utf-8")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "choreography_ray.cli", "run", HELD, "--request",
              str(request), "--storage", url, "--scope", scope, "--address", address,
@@ -163,13 +163,15 @@ class Run:
         return eventually(said, 90, "run to start the job")
 
     def interrupt(self) -> tuple[int, str, str]:
-        """SIGINT, then its exit code, stdout and stderr."""
-        time.sleep(1)  # past the message, in its wait
+        """SIGINT, then its exit code, stdout and stderr. `run` takes Ctrl-C as the job's from
+        the line that says it started (`started`)."""
         self.process.send_signal(signal.SIGINT)
         # Not `communicate()`: it would read stderr too, taking lines from the reader thread.
         # The JSON on stdout is small, so the pipe cannot fill while the process exits.
         try:
-            self.process.wait(timeout=120)
+            self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"run still running 90 s after SIGINT:\n{''.join(self.err)}")
         finally:
             self.process.kill()
             self._reader.join(10)
@@ -198,8 +200,7 @@ def test_run__ctrl_c_stops_the_job_without_a_terminal_or_detaches_when_asked(
     assert json.loads(out) == {"job_id": second, "scope": scope, "namespace": "default",
                                "storage": url}  # fmt: skip
     assert "detached" in err and "joining Ray at" in err  # -v: the CLI's info records
-    time.sleep(1)
-    left = stored(url, second)
+    left = stored(url, second)  # its steps hold until stopped: RUNNING unless detach stopped it
     assert left is not None and left.status is cr.JobStatus.RUNNING
     stop = cli("jobs", "stop", second, "--storage", url, "--address", address,
                "--ray-namespace", RAY_NAMESPACE)  # fmt: skip

@@ -109,6 +109,7 @@ def stage_progress(state: cr.JobState) -> dict[int, cr.StageProgress]:
 # -- counting ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 10,000 steps: about 15 s
 def test_fan_out_of_10k_steps__every_outcome_counted_once(connect, scope, storage_url) -> None:
     manager = connect().manager(scope, "big")
     started = manager.start(FanOut, FanOutRequest(count=10_000))

@@ -66,6 +66,7 @@ def ours(samples: Samples) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.slow  # a Ray head of its own and its metrics scrape: about 25 s
 def test_metrics__scraped_counters_equal_the_jobs_progress(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     request = {"succeed": SUCCEED, "fail": FAIL, "gate": str(gate)}

@@ -59,6 +59,7 @@ def _run(script: str, *args: str) -> str:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow  # a whole-cluster restart: about 30 s
 def test_cluster_restart__durable_catalog_recovers_job_and_succeeded_steps_do_not_rerun(
     tmp_path: Path,
 ) -> None:

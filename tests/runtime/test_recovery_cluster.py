@@ -150,6 +150,7 @@ CLOCK_SLACK = 0.05
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # a cluster of its own that loses a node: about 25 s each
 @pytest.mark.parametrize("lease", [LEASE, 0.0], ids=["leases-on", "leases-off"])
 def test_node_removed_mid_job__its_steps_restart_on_the_survivor_and_count_once(
     tmp_path: Path, lease: float

@@ -265,6 +265,7 @@ def _run(script: str, *args: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(500)
+@pytest.mark.slow  # a whole-cluster restart: about 40 s
 def test_cluster_restart__a_missed_manifest_runs_once_and_an_in_flight_run_is_rehydrated(
     tmp_path: Path,
 ) -> None:
