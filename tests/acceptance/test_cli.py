@@ -371,7 +371,7 @@ def test_ray_job_submit__runs_the_job_on_the_cluster(
     assert job.progress.successful_steps == 4
 
 
-@pytest.mark.slow  # two submissions and their logs: about 20 s; one submission is in the default tier
+@pytest.mark.slow  # two submissions and their logs (20 s); one submission is in the default tier
 @pytest.mark.timeout(SUBMIT_TEST_SECONDS)
 def test_ray_job_submit__no_wait_then_a_second_submission_sees_the_job_finish(
     ray_head: RayHead, tmp_path: Path, storage_url: str

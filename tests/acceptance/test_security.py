@@ -85,7 +85,7 @@ def test_cli_run__password_of_the_storage_url_in_no_output_and_no_ray_log(
     assert found == []
 
 
-@pytest.mark.slow  # a Ray of its own and its logs read: about 20 s; the CLI case is in the default tier
+@pytest.mark.slow  # a Ray of its own, its logs read (20 s); the CLI case is in the default tier
 @pytest.mark.timeout(RUN_SECONDS + 30)
 def test_api_connect__password_of_the_storage_url_in_no_output_and_no_ray_log(
     ray_tmp: Path,
