@@ -127,7 +127,7 @@ def plan(
         reason = failures.dead_letter_reason(counted, manifest)
         return DeadLetterIt(reason, len(counted), counted[0].id)
     parent_success = latest_success(history.parent_runs)
-    settled = _settled(history, {r.id for r in counted})
+    settled = _settled(history)
     due = next_due(manifest, settled, now, parent_success)
     if due is None or due.at > now:
         return Wait(WaitReason.NOT_DUE)
@@ -152,7 +152,7 @@ def outlook(
         return Outlook(n, entry.scheduled_at or now, WaitReason.QUEUED)
     if any(not r.status.is_finished for r in history.runs):
         return Outlook(n, None, WaitReason.RUNNING)
-    settled = _settled(history, {r.id for r in counted})
+    settled = _settled(history)
     due = next_due(manifest, settled, now, latest_success(history.parent_runs))
     return Outlook(n, None, WaitReason.NOT_DUE) if due is None else Outlook(n, due.at)
 
@@ -199,13 +199,14 @@ def _holding_entry(queued: Sequence[WorkEntry]) -> WorkEntry | None:
     return next((e for e in queued if e.status is WorkStatus.QUEUED and e.holds_manifest_key), None)
 
 
-def _settled(history: History, counted: set[str]) -> list[Settled]:
-    """Successes, cancellations and failures that no longer count settle the schedule; so does
-    an acknowledged dead letter, from when it was acknowledged."""
+def _settled(history: History) -> list[Settled]:
+    """Successes and cancellations settle the schedule; so does an acknowledged dead letter,
+    from when it was acknowledged. A failed run never does, counted or set aside (the spec's
+    "a failed run does not move the point a schedule counts from")."""
     points = [
         Settled(r.counted_from, r.occurrence, r.parent_run)
         for r in history.runs
-        if r.status.is_finished and r.id not in counted
+        if r.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED)
     ]
     points += [
         Settled(d.resolved_at)

@@ -54,7 +54,8 @@ def counts(
     if started < now - failure_window(manifest, options):
         return False
     resolved = latest_resolution(dead_letters)
-    return resolved is None or started > resolved
+    # A requeue's run is queued in the instant of the resolution: it counts.
+    return resolved is None or started >= resolved
 
 
 def counted_failures(

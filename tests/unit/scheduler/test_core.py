@@ -84,12 +84,16 @@ def test_a_requeued_manifest_starts_fresh_and_runs_at_once() -> None:
         (resolved,) = await core.dead_letters("m")
         assert resolved.status is DeadLetterStatus.RETRIED and resolved.resolved_at is not None
         # The count starts afresh: its failure is the first counted one, so it is not
-        # dead-lettered; being off-schedule, its retry waits for the next occurrence (10 min).
-        await h.run_for(20)
+        # dead-lettered. The failures the dead letter set aside settled nothing: the manifest
+        # is still due, so its retries follow after their backoff (2 s, 4 s), not an interval.
+        await h.run_for(1.5)
         assert len(h.starts()) == 4
         assert [d.status for d in await core.dead_letters("m")] == [DeadLetterStatus.RETRIED]
-        await h.run_for(600)
-        assert len(h.starts()) == 7  # the occurrence's run and its two retries
+        await h.run_for(10)
+        starts = h.starts()
+        assert len(starts) == 6, starts  # the requeue and its two retries
+        gaps = [b - a for a, b in itertools.pairwise(starts[3:])]
+        assert all(e <= g <= e + 1.5 for g, e in zip(gaps, (2, 4), strict=True)), gaps
         assert [d.status for d in await core.dead_letters("m")] == [
             DeadLetterStatus.AWAITING_INTERVENTION,
             DeadLetterStatus.RETRIED,
