@@ -3,8 +3,10 @@
 A run counts as a failure when it is FAILED (its job ended COMPLETED_WITH_FAILURES or FAILED,
 or its dispatch used up `max_dispatch_attempts`), it started inside the manifest's failure window
 (`failure_window`, else the scheduler's `failure_count_window`) and after the manifest's latest
-resolved dead letter. A cancelled run never counts, nor a dispatch waiting for another attempt
-(DISPATCH_REQUEUED). A success does not reset the count inside the window; it ends the backoff.
+resolved dead letter. A run an operator queued for an execution (`requeue_execution`,
+`resume_execution`) never counts: it belongs to no manifest's retry count. A cancelled run
+never counts, nor a dispatch waiting for another attempt (DISPATCH_REQUEUED). A success does
+not reset the count inside the window; it ends the backoff.
 
 More than `max_retries` counted failures dead-letter the manifest: `max_retries=0` on the first
 failure, the default 3 on the fourth; a manifest that has not run never.
@@ -48,7 +50,7 @@ def counts(
     now: datetime,
 ) -> bool:
     """The run is a failure that counts toward the manifest's retries now."""
-    if run.status is not RunStatus.FAILED:
+    if run.status is not RunStatus.FAILED or not run.kind.counts_toward_retries:
         return False
     started = run.counted_from
     if started < now - failure_window(manifest, options):
