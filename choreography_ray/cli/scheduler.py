@@ -244,7 +244,7 @@ def trigger(
     if as_json:
         return typer.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     if result.already_dispatched:
-        console.print(f"run {result.run_id} of {name} was already being dispatched; it "
+        console.print(f"run {result.run_id} of {name} is in flight already; it "
                       f"replays the decisions of {result.replay_decisions_of or 'no run'}",
                       highlight=False, soft_wrap=True)  # fmt: skip
     else:

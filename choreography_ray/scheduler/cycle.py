@@ -90,6 +90,15 @@ class Release:
     clear_link: bool
 
 
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A trigger finds a run of the manifest in flight (claimed, running, waiting for another
+    dispatch attempt, or queued by an operator's requeue): it answers with that run and
+    queues nothing."""
+
+    run: ManifestRun
+
+
 Plan = Wait | Queue | DeadLetterIt
 
 
@@ -120,7 +129,7 @@ def plan(
         return Wait(WaitReason.DEAD_LETTERED)
     if _holding_entry(history.queued) is not None:
         return Wait(WaitReason.QUEUED)
-    if any(not r.status.is_finished for r in history.runs):
+    if in_flight(history.runs) is not None:
         return Wait(WaitReason.RUNNING)
     counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
     if failures.exceeds_retries(counted, manifest):
@@ -150,7 +159,7 @@ def outlook(
         return Outlook(n, None, WaitReason.DEAD_LETTERED)
     if (entry := _holding_entry(history.queued)) is not None:
         return Outlook(n, entry.scheduled_at or now, WaitReason.QUEUED)
-    if any(not r.status.is_finished for r in history.runs):
+    if in_flight(history.runs) is not None:
         return Outlook(n, None, WaitReason.RUNNING)
     settled = _settled(history)
     due = next_due(manifest, settled, now, latest_success(history.parent_runs))
@@ -165,12 +174,15 @@ def trigger(
     *,
     ask_afresh: bool = False,
     checkpoint_stages: bool = False,
-) -> Queue | Release:
+) -> Queue | Release | InFlight:
     """An off-schedule run: never a second queued entry (a queued one is released at once,
-    its link cleared when asked afresh); else a run at once, replaying the latest failed run's
-    decisions when it is a retry of it and not asked afresh."""
+    its link cleared when asked afresh) nor a second run in flight (it answers with that run);
+    else a run at once, replaying the latest failed run's decisions when it is a retry of it
+    and not asked afresh."""
     if (entry := _holding_entry(history.queued)) is not None:
         return Release(entry, clear_link=ask_afresh)
+    if (flying := in_flight(history.runs)) is not None:
+        return InFlight(flying)
     counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
     parent_success = latest_success(history.parent_runs)
     failed = _retry_of(manifest, history.runs, counted, parent_success)
@@ -193,6 +205,11 @@ def latest_success(runs: Sequence[ManifestRun]) -> ManifestRun | None:
 def latest_finished(runs: Sequence[ManifestRun]) -> ManifestRun | None:
     done = [r for r in runs if r.status.is_finished]
     return max(done, key=lambda r: r.ended_at or r.counted_from, default=None)
+
+
+def in_flight(runs: Sequence[ManifestRun]) -> ManifestRun | None:
+    """The newest run of the manifest that has not finished, of any kind."""
+    return next((r for r in runs if not r.status.is_finished), None)
 
 
 def _holding_entry(queued: Sequence[WorkEntry]) -> WorkEntry | None:

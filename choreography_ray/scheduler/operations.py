@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import cycle, failures, replay
-from choreography_ray.scheduler.cycle import Release
+from choreography_ray.scheduler.cycle import InFlight, Release
 from choreography_ray.scheduler.manifest_manager import ManifestManager, gather, new_run
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import (
@@ -140,6 +140,10 @@ class Operations:
                 return TriggerResult(run_id=decided.entry.run_id, already_dispatched=True,
                                      replay_decisions_of=replays)  # fmt: skip
             return TriggerResult(run_id=released.run_id, replay_decisions_of=released.replays)
+        if isinstance(decided, InFlight):  # one run at a time: the one in flight answers
+            flying = decided.run
+            return TriggerResult(run_id=flying.id, already_dispatched=True,
+                                 replay_decisions_of=flying.replays)  # fmt: skip
         done = await self.manager.queue(manifest, decided, EntryKind.TRIGGER, now)
         if done.run is None:  # queued meanwhile by someone else: never a second entry
             return TriggerResult()

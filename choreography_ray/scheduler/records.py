@@ -201,7 +201,9 @@ class SchedulerLease(_Record):
 
 class TriggerResult(_Record):
     run_id: str | None = None
-    #: The dispatcher had claimed the queued entry before the trigger could release it.
+    #: No run was queued: a run of the manifest was in flight already (the dispatcher had
+    #: claimed the queued entry, its job runs, or an operator's requeue is queued), and
+    #: `run_id` names it.
     already_dispatched: bool = False
     #: The run whose decisions the triggered run replays, or None.
     replay_decisions_of: str | None = None
