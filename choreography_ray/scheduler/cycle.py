@@ -269,8 +269,7 @@ def _retry(
         parent_success=parent_success,
     )
     resume_from = None
-    same_input = failed.job_type == manifest.job_type and failed.request == manifest.request
-    if checkpoint_stages and same_input:
+    if checkpoint_stages and replay.same_input(manifest, failed):
         runs = {r.id: r for r in history.runs}
         if checkpoints.resume_point(failed, runs, history.checkpoints) is not None:
             resume_from = failed.id

@@ -150,8 +150,10 @@ class Operations:
         return TriggerResult(run_id=done.run.id, replay_decisions_of=done.run.replays)
 
     async def requeue(self, dead_letter_id: str, ask_afresh: bool = False) -> str:
-        """Resolves the dead letter (RETRIED) and queues a run at once, no backoff; the failure
-        count starts afresh from the resolution."""
+        """Resolves the dead letter (RETRIED) and queues a run of the manifest's current job
+        type and request at once, no backoff; the failure count starts afresh from the
+        resolution. It replays and resumes the failed run only as a retry would: not when the
+        manifest opted out of replay, nor when its input changed since."""
         letter = await self.dead_letter(dead_letter_id)
         if letter.status.is_resolved:
             raise _already_resolved(letter)
@@ -159,13 +161,14 @@ class Operations:
         target = await self.storage.get_run(letter.run_id) if letter.run_id else None
         link = replay.Link(None, replay.AskAfresh.NOT_A_RETRY)
         if target is not None:
-            link = await self._requeue_link(target, ask_afresh)
+            link = await self._requeue_link(target, ask_afresh, manifest)
         if await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED) is None:
             raise _already_resolved(letter)
         # It resumes after the failed run's checkpoint, if it has one (the dispatcher looks).
         resume_from = None
         if target is not None and target.status is RunStatus.FAILED:
-            opts_in = self.manager.jobs.checkpoint_stages(target.job_type)
+            resumable = replay.same_input(manifest, target)
+            opts_in = resumable and self.manager.jobs.checkpoint_stages(target.job_type)
             resume_from = target.id if opts_in else None
         now = await self.storage.now()
         entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, is_retry=True,
@@ -219,7 +222,9 @@ class Operations:
             )
         return done.run.id
 
-    async def _requeue_link(self, target: ManifestRun, ask_afresh: bool) -> replay.Link:
+    async def _requeue_link(
+        self, target: ManifestRun, ask_afresh: bool, manifest: Manifest | None = None
+    ) -> replay.Link:
         source = replay.requeue_source(target)
         return replay.requeue_link(
             target,
@@ -227,6 +232,7 @@ class Operations:
             queued=await self.storage.queued_entries(self.scope),
             recorded_decisions=await self.storage.count_decisions(source),
             ask_afresh=ask_afresh,
+            manifest=manifest,
         )
 
 

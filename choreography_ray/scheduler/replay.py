@@ -115,6 +115,13 @@ def requeue_source(target: ManifestRun) -> str:
     return target.id if target.asked_itself or target.replays is None else target.replays
 
 
+def same_input(manifest: Manifest, run: ManifestRun) -> bool:
+    """`run` was queued by `manifest` with the job type and request its next run is queued
+    with: what a replay and a resume of `run` need."""
+    ours = (manifest.name, manifest.job_type, manifest.request)
+    return (run.manifest, run.job_type, run.request) == ours
+
+
 def requeue_link(
     target: ManifestRun,
     *,
@@ -122,11 +129,18 @@ def requeue_link(
     queued: Iterable[WorkEntry],
     recorded_decisions: int,
     ask_afresh: bool,
+    manifest: Manifest | None = None,
 ) -> Link:
     """The link of a requeue of `target` (a dead letter's run, or `requeue_execution`);
-    `recorded_decisions` counts those of `requeue_source(target)`."""
+    `recorded_decisions` counts those of `requeue_source(target)`. A dead letter's requeue
+    passes `manifest`, whose current job type and request it runs: a retry's checks apply
+    too, so the manifest's opt-out, or an input edited since `target`, asks afresh."""
     if ask_afresh:
         return Link(None, AskAfresh.ASKED_AFRESH)
+    if manifest is not None and not manifest.replay_decisions_on_retry:
+        return Link(None, AskAfresh.OPTED_OUT)
+    if manifest is not None and not same_input(manifest, target):
+        return Link(None, AskAfresh.INPUT_CHANGED)
     source = requeue_source(target)
     if replayers(source, runs, queued, besides=target.id):
         return Link(None, AskAfresh.ALREADY_REPLAYED)

@@ -3,13 +3,42 @@ trigger and a resume run, and how their runs count, to the letter of the spec.""
 
 from __future__ import annotations
 
+from choreography_ray.model import StageProgress
+from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.port import JobView
+from choreography_ray.scheduler.records import Decision
 from choreography_ray.scheduler.schedules import Every
 from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
 from choreography_ray.status import JobStatus
 from tests.unit.scheduler.harness import JOB, Harness, run
 
 FAILS = JobView(JobStatus.FAILED)
+#: Stage 0 completed (a checkpoint), stage 1 failed.
+FAILS_AFTER_A_CHECKPOINT = JobView(
+    JobStatus.COMPLETED_WITH_FAILURES,
+    stages=(
+        StageProgress(stage=0, is_started=True, total_steps=1, successful_steps=1),
+        StageProgress(stage=1, is_started=True, total_steps=1, failed_steps=1),
+    ),
+)
+
+
+async def dead_lettered_with_decisions_and_a_checkpoint(h: Harness) -> tuple[SchedulerCore, str]:
+    """A manifest whose only run failed after a checkpoint, having recorded a decision, and was
+    dead-lettered: the core and the dead letter's id."""
+    h.jobs.ends_as = FAILS_AFTER_A_CHECKPOINT
+    h.jobs.checkpointing = {JOB}
+    core = await h.start()
+    await core.schedule("m", JOB, {"v": 1}, Every.hours(1), max_retries=0)
+    await h.run_for(0.5)
+    (failed,) = await core.runs("m")
+    decision = Decision(run_id=failed.id, scope="s", manifest="m", question="q",
+                        state_hash="h", answer=1)  # fmt: skip
+    await h.storage.record_decision(decision)
+    await h.run_for(1)
+    (letter,) = await core.dead_letters("m")
+    assert letter.run_id == failed.id
+    return core, letter.id
 
 
 def test_requeue_execution__its_failure_counts_toward_no_manifests_retries() -> None:
@@ -63,5 +92,43 @@ def test_trigger__an_operators_queued_requeue_is_the_run_in_flight() -> None:
         answer = await core.trigger("m")
         assert answer.run_id == again.run_id and answer.already_dispatched
         assert [e.run_id for e in await h.storage.queued_entries("s", "m")] == [again.run_id]
+
+    run(scenario)
+
+
+def test_requeue__replays_and_resumes_the_failed_run_when_a_retry_would() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core, letter = await dead_lettered_with_decisions_and_a_checkpoint(h)
+        requeued = await h.storage.get_run(await core.requeue(letter))
+        assert requeued is not None and requeued.replays is not None
+        assert requeued.resumed_from == requeued.replays
+
+    run(scenario)
+
+
+def test_requeue__an_edited_manifest_runs_its_new_input_from_the_top_asking_afresh() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core, letter = await dead_lettered_with_decisions_and_a_checkpoint(h)
+        await core.schedule("m", JOB, {"v": 2}, Every.hours(1))
+        run_id = await core.requeue(letter)
+        requeued = await h.storage.get_run(run_id)
+        assert requeued is not None and requeued.request == {"v": 2}
+        assert requeued.replays is None and requeued.resumed_from is None
+        await h.run_for(0.5)
+        assert h.jobs.started[-1].resume_after is None
+
+    run(scenario)
+
+
+def test_requeue__a_manifest_that_opted_out_asks_afresh() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core, letter = await dead_lettered_with_decisions_and_a_checkpoint(h)
+        await core.set_replay_decisions_on_retry(["m"], False)
+        requeued = await h.storage.get_run(await core.requeue(letter))
+        assert requeued is not None and requeued.replays is None
+        assert requeued.resumed_from is not None  # a resume does not depend on the opt-out
 
     run(scenario)
