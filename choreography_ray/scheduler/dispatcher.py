@@ -1,13 +1,14 @@
 """The dispatcher: claims due work entries atomically and starts their runs as jobs.
 
-An entry's replay link is checked again as it is claimed (`replay.dispatch_link`): one naming
-a run another run already replays, or whose manifest has since opted out, is dispatched without
-it and asks afresh. A dispatch that never reached the jobs manager is requeued with the dispatch
+An entry's replay link is checked again as it is claimed (`replay.dispatch_link`): one naming a
+run another run already replays, or whose manifest has since opted out, is dispatched without it
+and asks afresh; one naming a run whose decisions are gone keeps it, marked `replay_abandoned`,
+and asks afresh. A dispatch that never reached the jobs manager is requeued with the dispatch
 backoff (`dispatching.after_dispatch_failure`) and its run is DISPATCH_REQUEUED; once it has
-used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an
-unknown type, a request that does not validate) is a failed run at once. A run's job id is
-chosen and stored on the run before its job starts, so the job's steps find their run. An
-entry that resumes a failed run starts its job after that run's latest checkpoint
+used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an unknown
+type, a request that does not validate) is a failed run at once. A run's job id is chosen and
+stored on the run before its job starts, so the job's steps find their run. An entry that
+resumes a failed run starts its job after that run's latest checkpoint
 (`checkpoints.resume_point`); without one it runs from the top, its `resumed_from` cleared.
 """
 
@@ -69,11 +70,18 @@ class Dispatcher:
                 log.info("scheduler/%s: run %s asks afresh (%s): it was queued to replay %s",
                          self.scope, run.id, link.afresh, replays)  # fmt: skip
             replays = link.replays
+        # A link to a run whose decisions are gone (deleted since it was queued) cannot be
+        # honoured: the run asks afresh, its replay abandoned, and uses up no replay.
+        abandoned = replays is not None and await self.storage.count_decisions(replays) == 0
+        if abandoned:
+            log.warning("scheduler/%s: run %s asks afresh: run %s, whose decisions it was to "
+                        "replay, has none", self.scope, run.id, replays)  # fmt: skip
         # The job's id is chosen here and stored on the run before the job starts, with the
         # link it keeps: a step that asks `decide` finds its run (`run_for_job`) from its
         # first moment. The run stays QUEUED until the start returns.
         resume = None if entry.resume_from is None else await self._resume_after(entry)
-        links = {"replays": replays, "resumed_from": None if resume is None else entry.resume_from}
+        links = {"replays": replays, "replay_abandoned": abandoned,
+                 "resumed_from": None if resume is None else entry.resume_from}  # fmt: skip
         job_id = uuid.uuid4().hex
         await self.storage.save_run(run.model_copy(update={"job_id": job_id, **links}))
         try:

@@ -84,9 +84,11 @@ def new_run(
     now: datetime,
     *,
     source: ManifestRun | None = None,
+    requeues: str | None = None,
     **links: Any,
 ) -> tuple[WorkEntry, ManifestRun]:
-    """A run of `manifest` (or again of `source`'s job type and request) and its work entry.
+    """A run of `manifest` (or again of `source`'s job type and request) and its work entry;
+    `requeues`: the run an operator's requeue queues again (`source`'s id when given).
     `links`: `occurrence`, `parent_run`, `is_retry`, `replays`, `resume_from`."""
     resume_from = links.pop("resume_from", None)
     of = source or manifest
@@ -99,6 +101,7 @@ def new_run(
     entry = WorkEntry(
         id=entry_id, scope=manifest.scope, manifest=manifest.name, kind=kind, run_id=run_id,
         holds_manifest_key=kind.holds_manifest_key, replays=run.replays, resume_from=resume_from,
+        requeues=requeues or (source.id if source is not None else None),
     )  # fmt: skip
     return entry, run
 

@@ -172,7 +172,8 @@ class Operations:
             resume_from = target.id if opts_in else None
         now = await self.storage.now()
         entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, is_retry=True,
-                             replays=link.replays, resume_from=resume_from)  # fmt: skip
+                             replays=link.replays, resume_from=resume_from,
+                             requeues=letter.run_id)  # fmt: skip
         done = await self.storage.enqueue(entry, run)
         assert done.run is not None  # an entry that holds no manifest key is never refused
         return done.run.id
@@ -196,13 +197,18 @@ class Operations:
         done = await self.storage.enqueue(entry, run)
         assert done.run is not None
         message = f"Execution {target.id} is queued again as {done.run.id}."
-        source = replay.requeue_source(target)
+        source = replay.requeue_source(target) or target.id
         if done.run.replays is not None:
             message += f" It replays the decisions of execution {done.run.replays}."
         elif done.replay_dropped or link.afresh is replay.AskAfresh.ALREADY_REPLAYED:
             message += " " + replay.already_replayed_message(source)
         elif link.afresh is replay.AskAfresh.NO_DECISIONS:
             message += f" It asks its deciders afresh: execution {source} recorded no decisions."
+        elif link.afresh is replay.AskAfresh.REPLAYED_ANOTHER_RUN:
+            message += (
+                f" It asks its deciders afresh: execution {target.id} replayed the "
+                f"decisions of execution {target.replays}, which are replayed once."
+            )
         else:
             message += " It asks its deciders afresh."
         return RequeueResult(run_id=done.run.id, message=message)
@@ -225,7 +231,7 @@ class Operations:
     async def _requeue_link(
         self, target: ManifestRun, ask_afresh: bool, manifest: Manifest | None = None
     ) -> replay.Link:
-        source = replay.requeue_source(target)
+        source = replay.requeue_source(target) or target.id
         return replay.requeue_link(
             target,
             runs=await self.storage.runs_replaying(source),

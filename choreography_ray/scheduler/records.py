@@ -131,6 +131,9 @@ class WorkEntry(_Record):
     dispatch_attempts: int = 0
     replays: str | None = None
     resume_from: str | None = None
+    #: The run an operator's requeue queues again (a dead letter's, `requeue_execution`,
+    #: `resume_execution`): the replay a never-started `requeues` kept is this entry's.
+    requeues: str | None = None
 
 
 class DeadLetter(_Record):

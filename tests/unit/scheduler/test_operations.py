@@ -7,7 +7,7 @@ from choreography_ray.model import StageProgress
 from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.port import JobView
 from choreography_ray.scheduler.records import Decision
-from choreography_ray.scheduler.schedules import Every
+from choreography_ray.scheduler.schedules import Cron, Every
 from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
 from choreography_ray.status import JobStatus
 from tests.unit.scheduler.harness import JOB, Harness, run
@@ -130,5 +130,55 @@ def test_requeue__a_manifest_that_opted_out_asks_afresh() -> None:
         requeued = await h.storage.get_run(await core.requeue(letter))
         assert requeued is not None and requeued.replays is None
         assert requeued.resumed_from is not None  # a resume does not depend on the opt-out
+
+    run(scenario)
+
+
+async def failed_run_with_a_decision(h: Harness) -> tuple[SchedulerCore, str]:
+    """A triggered run of a manifest not due again today, failed after recording a decision."""
+    h.jobs.ends_as = FAILS
+    core = await h.start()
+    await core.schedule("m", JOB, {}, Cron(expression="0 3 * * *"), max_retries=5)
+    await core.trigger("m")
+    await h.run_for(1.5)
+    (failed,) = await core.runs("m")
+    assert failed.status is RunStatus.FAILED
+    decision = Decision(run_id=failed.id, scope="s", manifest="m", question="q",
+                        state_hash="h", answer=1)  # fmt: skip
+    await h.storage.record_decision(decision)
+    return core, failed.id
+
+
+def test_requeue_execution__of_a_replay_that_never_ran_replays_the_answers_it_kept() -> None:
+    async def scenario() -> None:
+        h = Harness(max_dispatch_attempts=1)
+        core, source = await failed_run_with_a_decision(h)
+        h.jobs.unreachable = 1
+        lost = await core.requeue_execution(source)
+        await h.run_for(0.5)  # its only dispatch attempt never reaches the jobs manager
+        never_ran = await h.storage.get_run(lost.run_id)
+        assert never_ran is not None and never_ran.status is RunStatus.FAILED
+        assert never_ran.started_at is None and never_ran.replays == source
+        again = await core.requeue_execution(never_ran.id)
+        assert again.message.endswith(f"It replays the decisions of execution {source}.")
+        await h.run_for(0.5)
+        started = await h.storage.get_run(again.run_id)
+        assert started is not None and started.status is RunStatus.RUNNING
+        assert started.replays == source and not started.replay_abandoned
+
+    run(scenario)
+
+
+def test_dispatch__a_link_to_decisions_gone_since_is_kept_as_an_abandoned_replay() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core, source = await failed_run_with_a_decision(h)
+        requeued = await core.requeue_execution(source)
+        h.storage.decisions.clear()  # deleted before the requeue is dispatched
+        await h.run_for(0.5)
+        started = await h.storage.get_run(requeued.run_id)
+        assert started is not None and started.status is RunStatus.RUNNING
+        assert started.replays == source and started.replay_abandoned
+        assert started.asked_itself
 
     run(scenario)
