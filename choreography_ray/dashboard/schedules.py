@@ -83,7 +83,7 @@ async def manifests_page(request: Request) -> Response:
     now = await storage.now()
     rows = []
     for manifest in await storage.list_manifests(scope):
-        history = await gather(storage, manifest)
+        history = await gather(storage, manifest, options, now)
         rows.append(ManifestRow(
             manifest, describe(manifest), cycle.outlook(manifest, history, options, now),
             history.runs[0] if history.runs else None, manifest.max_retries + 1,

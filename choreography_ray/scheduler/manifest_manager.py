@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from choreography_ray.logs import get_logger
-from choreography_ray.scheduler import checkpoints, cycle
+from choreography_ray.scheduler import checkpoints, cycle, failures
 from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import JobsPort, JobView, run_status_of
@@ -33,8 +33,8 @@ from choreography_ray.storage.scheduler import Enqueued, SchedulerStorage
 
 log = get_logger(__name__)
 
-#: Runs of a manifest (and of its parent) read per cycle, newest first: more than any failure
-#: window holds in a row before a dead letter.
+#: The newest runs of a manifest (and of its parent) read per cycle; its unfinished runs and
+#: the failures inside its failure window are read besides, however many (`runs_in_play`).
 HISTORY_RUNS = 100
 
 #: Hands a claimed run back to the dispatcher as a failed dispatch (entry, run, why).
@@ -52,12 +52,22 @@ async def chain_checkpoints(
 
 
 async def gather(
-    storage: SchedulerStorage, manifest: Manifest, *, checkpoint_stages: bool = False
+    storage: SchedulerStorage,
+    manifest: Manifest,
+    options: SchedulerOptions,
+    now: datetime,
+    *,
+    checkpoint_stages: bool = False,
 ) -> History:
-    """What `cycle.plan` and `cycle.trigger` read about `manifest`; the checkpoints of its
-    latest failed run's chain when its job type opts in."""
+    """What `cycle.plan` and `cycle.trigger` read about `manifest`: its newest runs, and every
+    run of it that has not finished or failed inside its failure window; the checkpoints of
+    its latest failed run's chain when its job type opts in."""
     scope, name = manifest.scope, manifest.name
-    runs = await storage.list_runs(scope, name, HISTORY_RUNS)
+    since = now - failures.failure_window(manifest, options)
+    newest = await storage.list_runs(scope, name, HISTORY_RUNS)
+    in_play = await storage.runs_in_play(scope, name, since)
+    merged = {r.id: r for r in [*newest, *in_play]}
+    runs = sorted(merged.values(), key=lambda r: r.queued_at, reverse=True)
     parent_runs: list[ManifestRun] = []
     if manifest.parent is not None:
         parent_runs = await storage.list_runs(scope, manifest.parent, HISTORY_RUNS)
@@ -139,10 +149,13 @@ class ManifestManager:
 
     async def manifest_turn(self, manifest: Manifest) -> None:
         opts_in = self.jobs.checkpoint_stages(manifest.job_type)
-        history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
-        if await self._settle(history.runs):
-            history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
         now = await self.storage.now()
+        history = await gather(self.storage, manifest, self.options, now,
+                               checkpoint_stages=opts_in)  # fmt: skip
+        if await self._settle(history.runs):
+            now = await self.storage.now()
+            history = await gather(self.storage, manifest, self.options, now,
+                                   checkpoint_stages=opts_in)  # fmt: skip
         decided = cycle.plan(manifest, history, self.options, now, checkpoint_stages=opts_in)
         if isinstance(decided, Queue):
             await self.queue(manifest, decided, EntryKind.SCHEDULED, now)

@@ -125,8 +125,9 @@ class Operations:
     async def trigger(self, name: str, ask_afresh: bool = False) -> TriggerResult:
         manifest = await self.manifest(name)
         opts_in = self.manager.jobs.checkpoint_stages(manifest.job_type)
-        history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
         now = await self.storage.now()
+        history = await gather(self.storage, manifest, self.options, now,
+                               checkpoint_stages=opts_in)  # fmt: skip
         decided = cycle.trigger(manifest, history, self.options, now, ask_afresh=ask_afresh,
                                 checkpoint_stages=opts_in)  # fmt: skip
         if isinstance(decided, Release):

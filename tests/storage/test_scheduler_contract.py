@@ -227,6 +227,31 @@ async def test_runs__newest_first_by_manifest_and_by_replayed_run(sched: Schedul
     assert await sched.get_run(finished.id) == finished
 
 
+async def test_runs_in_play__unfinished_of_any_age_and_failures_counted_since(
+    sched: SchedulerStorage,
+) -> None:
+    def at(minutes: float, status: RunStatus, **fields: object) -> ManifestRun:
+        queued_at = T0 + timedelta(minutes=minutes)
+        return ManifestRun.model_validate({"scope": SCOPE, "manifest": "m", "job_type": "J",
+                                           "queued_at": queued_at, "status": status,
+                                           **fields})  # fmt: skip
+
+    since = T0 + timedelta(minutes=10)
+    old_running = at(-600, RunStatus.RUNNING, started_at=T0 - timedelta(hours=10))
+    old_queued = at(-500, RunStatus.DISPATCH_REQUEUED)
+    old_failure = at(5, RunStatus.FAILED, started_at=T0 + timedelta(minutes=6))
+    # Queued before `since` but started after it: counted from its start.
+    started_late = at(8, RunStatus.FAILED, started_at=T0 + timedelta(minutes=10, seconds=1))
+    never_started = at(12, RunStatus.FAILED)
+    success = at(20, RunStatus.SUCCEEDED, started_at=T0 + timedelta(minutes=20))
+    other = ManifestRun(scope=SCOPE, manifest="n", job_type="J", status=RunStatus.RUNNING)
+    for r in (old_running, old_queued, old_failure, started_late, never_started, success, other):
+        await sched.save_run(r)
+    found = await sched.runs_in_play(SCOPE, "m", since)
+    expected = [never_started, started_late, old_queued, old_running]
+    assert [r.id for r in found] == [r.id for r in expected]
+
+
 async def test_run_for_job__the_run_whose_job_it_is(sched: SchedulerStorage) -> None:
     queued_run = ManifestRun(scope=SCOPE, manifest="m", job_type="J")
     started = ManifestRun(scope=SCOPE, manifest="m", job_type="J", job_id="job-1",

@@ -14,7 +14,8 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
                     unique partial indexes in SQLite, keyed marker documents in MongoDB
                     (`work_queue_keys`). Index (scope, status, scheduled_at) for the claim.
     runs            key id. scope, manifest, status, replays, queued_at, job_id. Indexes
-                    (scope, manifest, queued_at), (scope, queued_at), (replays), (job_id).
+                    (scope, manifest, queued_at), (scope, queued_at), (replays), (job_id),
+                    (scope, manifest, status) for `runs_in_play`.
     dead_letters    key id. scope, manifest, status, resolved_at. Indexes (scope, manifest,
                     status), (status, resolved_at).
     decisions       key (run_id, decision key): the first answer recorded for a key stays.
@@ -46,7 +47,7 @@ from choreography_ray.scheduler.records import (
     SchedulerLease,
     WorkEntry,
 )
-from choreography_ray.scheduler.status import DeadLetterStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
 from choreography_ray.storage import Storage
 
 
@@ -112,6 +113,13 @@ def settle_keys(
         replay_dropped=drop_replay,
         resume_dropped=drop_resume,
     )
+
+
+def in_play(run: ManifestRun, failed_since: datetime) -> bool:
+    """`run` is one `runs_in_play` returns (the reference for the providers' queries)."""
+    if not run.status.is_finished:
+        return True
+    return run.status is RunStatus.FAILED and run.counted_from >= failed_since
 
 
 def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
@@ -213,6 +221,13 @@ class SchedulerStorage(Protocol):
         self, scope: str, manifest: str | None = None, limit: int = 100
     ) -> list[ManifestRun]:
         """Newest (by `queued_at`) first."""
+
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        """The manifest's runs that have not finished (of any age), and its FAILED runs that
+        started at `failed_since` or later (one that never started: queued then); newest
+        first. What settling runs and counting failures read beyond the newest runs."""
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         """Every run, in any state, whose `replays` is `run_id`."""

@@ -27,6 +27,7 @@ from choreography_ray.storage.scheduler import (
     QueueKey,
     entry_keys,
     given_up_keys,
+    in_play,
     lease_for,
     merge_manifest,
     settle_keys,
@@ -181,6 +182,13 @@ class MemorySchedulerStorage:
         found = [r for r in self.runs.values()
                  if r.scope == scope and (manifest is None or r.manifest == manifest)]  # fmt: skip
         return sorted(found, key=lambda r: r.queued_at, reverse=True)[:limit]
+
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        found = [r for r in self.runs.values() if (r.scope, r.manifest) == (scope, manifest)
+                 and in_play(r, failed_since)]  # fmt: skip
+        return sorted(found, key=lambda r: r.queued_at, reverse=True)
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return [r for r in self.runs.values() if r.replays == run_id]

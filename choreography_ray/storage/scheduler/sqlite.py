@@ -10,8 +10,9 @@ Each table holds the record's JSON (`doc`, the truth) beside the columns it is f
                     NOT NULL. Index (scope, status, scheduled_at).
     runs            id TEXT PRIMARY KEY, scope, manifest, status, replays, queued_at, doc.
                     Indexes (scope, manifest, queued_at), (scope, queued_at), (replays),
-                    and on the expression `json_extract(doc, '$.job_id')` (`run_for_job`: an
-                    expression index, so a file laid out before it needs no new column).
+                    (scope, manifest, status) (`runs_in_play`), and on the expression
+                    `json_extract(doc, '$.job_id')` (`run_for_job`: an expression index, so
+                    a file laid out before it needs no new column).
     dead_letters    id TEXT PRIMARY KEY, scope, manifest, status, dead_lettered_at,
                     resolved_at, doc. Indexes (scope, manifest, status), (status, resolved_at).
     decisions       WITHOUT ROWID. PRIMARY KEY (run_id, key), doc.
@@ -49,7 +50,7 @@ from choreography_ray.scheduler.records import (
     SchedulerLease,
     WorkEntry,
 )
-from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkStatus
 from choreography_ray.storage.scheduler import (
     Enqueued,
     QueueKey,
@@ -85,6 +86,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_manifest ON runs (scope, manifest, queued_at);
 CREATE INDEX IF NOT EXISTS runs_scope ON runs (scope, queued_at);
 CREATE INDEX IF NOT EXISTS runs_replays ON runs (replays);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (scope, manifest, status);
 CREATE INDEX IF NOT EXISTS runs_job ON runs (json_extract(doc, '$.job_id'));
 CREATE TABLE IF NOT EXISTS dead_letters (
     id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
@@ -103,6 +105,7 @@ CREATE TABLE IF NOT EXISTS scheduler_locks (
 #: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
 _NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
 _QUEUED = WorkStatus.QUEUED.value
+_UNFINISHED = ", ".join(f"'{s.value}'" for s in RunStatus if not s.is_finished)
 #: The expression the `runs_job` index is on: a query must name it exactly to use the index.
 _RUN_JOB = "json_extract(doc, '$.job_id')"
 _ENTRY_COLUMNS = "id, scope, manifest, status, holds_manifest_key, replays, resume_from, " \
@@ -372,6 +375,16 @@ class SqliteSchedulerStorage:
     ) -> list[ManifestRun]:
         order = "queued_at DESC, id DESC"
         return await self._find(ManifestRun, "runs", order, limit, scope=scope, manifest=manifest)
+
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        # A run counts from its start, or (never started) from when it was queued.
+        sql = f"""SELECT id, doc FROM runs WHERE scope = ? AND manifest = ? AND (status IN
+            ({_UNFINISHED}) OR (status = ? AND julianday(COALESCE(json_extract(doc,
+            '$.started_at'), queued_at)) >= julianday(?))) ORDER BY queued_at DESC, id DESC"""
+        rows = await self._docs(sql, scope, manifest, RunStatus.FAILED.value, _iso(failed_since))
+        return self._parsed(ManifestRun, "runs", rows)
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return await self._find(ManifestRun, "runs", replays=run_id)
