@@ -11,9 +11,9 @@ A manifest whose turn fails is logged by name and holds up no other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import checkpoints, cycle, failures
@@ -32,6 +32,8 @@ from choreography_ray.scheduler.status import EntryKind, RunStatus, WorkStatus
 from choreography_ray.storage.scheduler import Enqueued, SchedulerStorage
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 #: The newest runs of a manifest (and of its parent) read per cycle; its unfinished runs and
 #: the failures inside its failure window are read besides, however many (`runs_in_play`).
@@ -75,9 +77,13 @@ async def gather(
     decisions = {}
     found: dict[str, list[Checkpoint]] = {}
     if latest is not None and latest.status is RunStatus.FAILED:
-        decisions[latest.id] = await storage.count_decisions(latest.id)
+        # A lookup that fails asks afresh, or reruns from the top: it holds up no retry.
+        decisions[latest.id] = await _looked_up(
+            storage.count_decisions(latest.id), 0, f"the decisions of run {latest.id}"
+        )
         if checkpoint_stages:
-            found = await chain_checkpoints(storage, latest, {r.id: r for r in runs})
+            chain = chain_checkpoints(storage, latest, {r.id: r for r in runs})
+            found = await _looked_up(chain, {}, f"the checkpoints of run {latest.id}")
     return History(
         runs=runs,
         dead_letters=await storage.list_dead_letters(scope, name),
@@ -86,6 +92,15 @@ async def gather(
         decisions=decisions,
         checkpoints=found,
     )
+
+
+async def _looked_up(lookup: Awaitable[T], otherwise: T, what: str) -> T:
+    """`lookup`'s answer; `otherwise` (logged) when it fails."""
+    try:
+        return await lookup
+    except Exception as error:
+        log.warning("reading %s failed (%s): its retry goes without them", what, error)
+        return otherwise
 
 
 def new_run(

@@ -215,9 +215,14 @@ class Operations:
         return RequeueResult(run_id=done.run.id, message=message)
 
     async def resume_execution(self, run_id: str) -> str:
-        """Queues a run that resumes after `run_id`'s latest checkpoint; refused while another
-        queued entry resumes it."""
+        """Queues a run that resumes after `run_id`'s latest checkpoint; refused for a run that
+        is not FAILED or CANCELLED (as Trax), and while another queued entry resumes it."""
         target = await self.run(run_id)
+        if target.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise SchedulerOperationError(
+                SchedulerError.RUN_NOT_RESUMABLE,
+                f"run {run_id} is {target.status.value}: only a failed or cancelled run resumes",
+            )
         manifest = await self.manifest(target.manifest)
         now = await self.storage.now()
         entry, run = new_run(manifest, EntryKind.RESUME_EXECUTION, now, source=target,

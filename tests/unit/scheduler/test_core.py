@@ -239,7 +239,7 @@ def test_resume_execution__one_queued_resume_per_run() -> None:
         core = await h.start()
         await core.schedule("m", JOB, {}, Cron(expression="0 3 * * *"))
         await core.trigger("m")
-        await h.run_for(1)
+        await h.run_for(1.5)
         (failed,) = await core.runs("m")
         resumed = await core.resume_execution(failed.id)
         with pytest.raises(SchedulerOperationError) as refused:

@@ -3,6 +3,9 @@ trigger and a resume run, and how their runs count, to the letter of the spec.""
 
 from __future__ import annotations
 
+import pytest
+
+from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.model import StageProgress
 from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.port import JobView
@@ -180,5 +183,47 @@ def test_dispatch__a_link_to_decisions_gone_since_is_kept_as_an_abandoned_replay
         assert started is not None and started.status is RunStatus.RUNNING
         assert started.replays == source and started.replay_abandoned
         assert started.asked_itself
+
+    run(scenario)
+
+
+def test_resume_execution__refuses_a_run_that_succeeded_or_has_not_ended() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Cron(expression="0 3 * * *"))
+        await core.trigger("m")
+        await h.run_for(0.5)
+        (running,) = await core.runs("m")
+        await h.run_for(1)
+        succeeded = await h.storage.get_run(running.id)
+        assert running.status is RunStatus.RUNNING
+        assert succeeded is not None and succeeded.status is RunStatus.SUCCEEDED
+        for target in (running, succeeded):
+            await h.storage.save_run(target)
+            with pytest.raises(SchedulerOperationError) as refused:
+                await core.resume_execution(target.id)
+            assert refused.value.error is SchedulerError.RUN_NOT_RESUMABLE
+        assert await h.storage.queued_entries("s") == []
+
+    run(scenario)
+
+
+def test_a_checkpoint_lookup_that_fails_reruns_the_retry_from_the_top() -> None:
+    async def scenario() -> None:
+        h = Harness(default_retry_delay=0)
+        h.jobs.ends_as = FAILS_AFTER_A_CHECKPOINT
+        h.jobs.checkpointing = {JOB}
+
+        async def unreadable(run_id: str) -> list[object]:
+            raise OSError("the checkpoints cannot be read")
+
+        h.storage.list_checkpoints = unreadable  # type: ignore[method-assign,assignment]
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.hours(1))
+        await h.run_for(1.5)  # the first run fails; the cycle plans its retry
+        retry, first = await core.runs("m")
+        assert first.status is RunStatus.FAILED
+        assert retry.is_retry and retry.resumed_from is None
 
     run(scenario)
