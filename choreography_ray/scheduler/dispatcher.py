@@ -82,24 +82,37 @@ class Dispatcher:
         resume = None if entry.resume_from is None else await self._resume_after(entry)
         links = {"replays": replays, "replay_abandoned": abandoned,
                  "resumed_from": None if resume is None else entry.resume_from}  # fmt: skip
-        job_id = uuid.uuid4().hex
-        await self.storage.save_run(run.model_copy(update={"job_id": job_id, **links}))
+        run = run.model_copy(update={"job_id": uuid.uuid4().hex, **links})
+        await self.storage.save_run(run)
+        assert run.job_id is not None
         try:
             job_id = await self.jobs.start_job(self.scope, run.namespace, run.job_type,
-                                               run.request, job_id, resume)  # fmt: skip
+                                               run.request, run.job_id, resume)  # fmt: skip
         except DispatchError as error:
             await self.failed(entry, run, str(error), reached=error.reached)
             return
         except Exception as error:  # whatever else: the jobs manager was not reached
             await self.failed(entry, run, f"{type(error).__name__}: {error}", reached=False)
             return
+        await self._started(entry, run, job_id)
+
+    async def _started(self, entry: WorkEntry, run: ManifestRun, job_id: str) -> None:
         now = await self.storage.now()
         await self.storage.save_run(run.model_copy(update={
             "status": RunStatus.RUNNING, "job_id": job_id, "started_at": now,
             "dispatched_at": entry.dispatched_at, "dispatch_attempts": entry.dispatch_attempts,
-            "error": None, **links,
+            "error": None,
         }))  # fmt: skip
         self.started += 1
+
+    async def _job_exists(self, job_id: str) -> bool:
+        """Whether the job a dispatch chose was started after all; a lookup that fails says
+        no (the dispatch is requeued, as before the lookup)."""
+        try:
+            return bool(await self.jobs.job_views([job_id]))
+        except Exception as error:
+            log.warning("scheduler/%s: looking job %s up failed (%s)", self.scope, job_id, error)
+            return False
 
     async def _resume_after(self, entry: WorkEntry) -> ResumeAfter | None:
         """The checkpoint the entry's run starts after: the latest of the run it resumes (and
@@ -128,7 +141,15 @@ class Dispatcher:
         self, entry: WorkEntry, run: ManifestRun, why: str, *, reached: bool = False
     ) -> None:
         """A dispatch of `entry` failed: requeued with the dispatch backoff, or (refused by the
-        jobs manager, or out of attempts) its run failed."""
+        jobs manager, or out of attempts) its run failed. One that did not reach the manager,
+        or whose answer was lost, may have started its job all the same: when the job id it
+        chose (`run.job_id`) exists, the run is that job's (never a second job)."""
+        if not reached and run.job_id is not None and await self._job_exists(run.job_id):
+            log.info("scheduler/%s: run %s's job %s was started, though its start did not "
+                     "answer (%s): the run is that job's", self.scope, run.id, run.job_id,
+                     why)  # fmt: skip
+            await self._started(entry, run, run.job_id)
+            return
         retry = dispatching.after_dispatch_failure(entry.dispatch_attempts, self.options)
         # No job of its own: the id chosen for the start that failed is cleared.
         attempts = {"dispatch_attempts": entry.dispatch_attempts, "error": why, "job_id": None}

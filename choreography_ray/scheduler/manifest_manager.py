@@ -238,7 +238,10 @@ class ManifestManager:
                 continue
             entry = await self.storage.get_entry(run.entry_id)
             if entry is not None and entry.status is WorkStatus.DISPATCHED:
-                await self._claimed_by_the_dead(entry, run)
+                # Claimed by an earlier activation that stopped before it saved the run
+                # started: the run is its job's when the job exists, else dispatched again.
+                await self.unclaim(entry, run, "claimed by a scheduler that stopped before "
+                                   "its job was started")  # fmt: skip
                 changed = True
         return changed
 
@@ -252,20 +255,3 @@ class ManifestManager:
             log.warning("scheduler/%s: releasing job %s of run %s failed (%s); its records stay "
                         "until terminal_job_retention", self.scope, run.job_id, run.id,
                         error)  # fmt: skip
-
-    async def _claimed_by_the_dead(self, entry: WorkEntry, run: ManifestRun) -> None:
-        """A run an earlier activation claimed and stopped before it saved the run started:
-        when the job it chose exists, the run is that job's (never a second job); else it is
-        handed back to the dispatcher."""
-        started = run.job_id is not None and bool(await self.jobs.job_views([run.job_id]))
-        if not started:
-            await self.unclaim(entry, run, "claimed by a scheduler that stopped before its job "
-                               "was started")  # fmt: skip
-            return
-        log.info("scheduler/%s: run %s's job %s was started by a scheduler that stopped before "
-                 "it saved the run: the run is that job's", self.scope, run.id,
-                 run.job_id)  # fmt: skip
-        await self.storage.save_run(run.model_copy(update={
-            "status": RunStatus.RUNNING, "started_at": await self.storage.now(),
-            "dispatched_at": entry.dispatched_at, "dispatch_attempts": entry.dispatch_attempts,
-        }))  # fmt: skip

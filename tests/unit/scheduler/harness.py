@@ -53,11 +53,13 @@ class Started:
 @dataclass
 class FakeJobs:
     """Jobs that end at once as `ends_as`; the next `unreachable` starts never reach a
-    manager, and `refuse` makes the manager refuse every job."""
+    manager, the next `lost_answers` start their job but their answer is lost (a timeout), and
+    `refuse` makes the manager refuse every job."""
 
     clock: Clock
     ends_as: JobView = SUCCEEDS
     unreachable: int = 0
+    lost_answers: int = 0
     refuse: bool = False
     jobs: dict[str, JobView] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
@@ -101,6 +103,9 @@ class FakeJobs:
         self.types.append(job_type)
         if self.on_start is not None:
             await self.on_start(job_id)
+        if self.lost_answers:
+            self.lost_answers -= 1
+            raise TimeoutError("the jobs manager's answer was lost")
         return job_id
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:

@@ -227,3 +227,18 @@ def test_a_checkpoint_lookup_that_fails_reruns_the_retry_from_the_top() -> None:
         assert retry.is_retry and retry.resumed_from is None
 
     run(scenario)
+
+
+def test_dispatch__a_start_whose_answer_is_lost_is_that_job_never_a_second() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        h.jobs.ends_as = JobView(JobStatus.RUNNING)
+        h.jobs.lost_answers = 1
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.hours(1))
+        await h.run_for(30)
+        (only,) = await core.runs("m")
+        assert only.status is RunStatus.RUNNING
+        assert [s.job_id for s in h.jobs.started] == [only.job_id]
+
+    run(scenario)
