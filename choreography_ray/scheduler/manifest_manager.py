@@ -103,6 +103,11 @@ async def _looked_up(lookup: Awaitable[T], otherwise: T, what: str) -> T:
         return otherwise
 
 
+def cancelled(run: ManifestRun, now: datetime, why: str) -> ManifestRun:
+    """`run`, which never started, cancelled now."""
+    return run.model_copy(update={"status": RunStatus.CANCELLED, "ended_at": now, "error": why})
+
+
 def new_run(
     manifest: Manifest,
     kind: EntryKind,
@@ -237,7 +242,13 @@ class ManifestManager:
             if not waiting or run.entry_id is None:
                 continue
             entry = await self.storage.get_entry(run.entry_id)
-            if entry is not None and entry.status is WorkStatus.DISPATCHED:
+            if entry is not None and entry.status is WorkStatus.CANCELLED:
+                # Its entry was cancelled (a disabled manifest) and a failure stopped the
+                # write of the run: it is settled here, or it would block its manifest.
+                now = await self.storage.now()
+                await self.storage.save_run(cancelled(run, now, "its work entry was cancelled"))
+                changed = True
+            elif entry is not None and entry.status is WorkStatus.DISPATCHED:
                 # Claimed by an earlier activation that stopped before it saved the run
                 # started: the run is its job's when the job exists, else dispatched again.
                 await self.unclaim(entry, run, "claimed by a scheduler that stopped before "

@@ -15,7 +15,7 @@ from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import cycle, failures, replay
 from choreography_ray.scheduler.cycle import InFlight, Release
-from choreography_ray.scheduler.manifest_manager import ManifestManager, gather, new_run
+from choreography_ray.scheduler.manifest_manager import ManifestManager, cancelled, gather, new_run
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import (
     DeadLetter,
@@ -105,15 +105,15 @@ class Operations:
         return stored
 
     async def _cancel_queued(self, manifest: Manifest) -> None:
-        """A disabled manifest's queued entries (its cycle's and triggers) are taken off."""
+        """A disabled manifest's queued entries (its cycle's and triggers) are taken off, each
+        with its run in one write."""
         for entry in await self.storage.queued_entries(self.scope, manifest.name):
-            if entry.holds_manifest_key and await self.storage.cancel_entry(entry.id):
-                run = await self.storage.get_run(entry.run_id)
-                if run is not None:
-                    now = await self.storage.now()
-                    update = {"status": RunStatus.CANCELLED, "ended_at": now,
-                              "error": "its manifest was disabled"}  # fmt: skip
-                    await self.storage.save_run(run.model_copy(update=update))
+            if not entry.holds_manifest_key:
+                continue
+            run = await self.storage.get_run(entry.run_id)
+            now = await self.storage.now()
+            why = "its manifest was disabled"
+            await self.storage.cancel_entry(entry.id, run and cancelled(run, now, why))
 
     async def set_replay_decisions_on_retry(self, names: Collection[str], value: bool) -> str:
         names = list(dict.fromkeys(names))

@@ -194,6 +194,20 @@ async def test_requeue_dispatch__queued_again_after_the_delay(sched: SchedulerSt
     assert (await sched.get_entry(entry.id)).status is WorkStatus.CANCELLED  # type: ignore[union-attr]
 
 
+async def test_cancel_entry__saves_its_run_with_it_and_frees_the_manifest_key(
+    sched: SchedulerStorage,
+) -> None:
+    entry, run = queued()
+    await sched.enqueue(entry, run)
+    cancelled = run.model_copy(update={"status": RunStatus.CANCELLED, "ended_at": T0})
+    assert await sched.cancel_entry(entry.id, cancelled)
+    assert await sched.get_run(run.id) == cancelled
+    assert not await sched.cancel_entry(entry.id, run)  # no longer queued: nothing written
+    assert await sched.get_run(run.id) == cancelled
+    again, second = queued()
+    assert (await sched.enqueue(again, second)).entry is not None
+
+
 async def test_opt_out__clears_the_link_of_queued_retries_and_counts_them(
     sched: SchedulerStorage,
 ) -> None:

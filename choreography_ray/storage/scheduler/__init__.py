@@ -203,8 +203,10 @@ class SchedulerStorage(Protocol):
         """A DISPATCHED entry whose dispatch failed is QUEUED again after `delay`. Keys another
         entry took meanwhile are given up (the entry stays queued without them)."""
 
-    async def cancel_entry(self, entry_id: str) -> bool:
-        """A QUEUED entry is CANCELLED; False when it was not queued."""
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+        """A QUEUED entry is CANCELLED, and `run` (its run, cancelled) saved in the same write
+        (MongoDB: the entry first; a failure between leaves a waiting run whose entry is
+        cancelled, which the next cycle settles); False when it was not queued."""
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None: ...
 

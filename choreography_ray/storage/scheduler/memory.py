@@ -154,11 +154,13 @@ class MemorySchedulerStorage:
         entry = self.entries[entry_id] = entry.model_copy(update=update)
         return entry
 
-    async def cancel_entry(self, entry_id: str) -> bool:
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
         entry = self.entries.get(entry_id)
         if entry is None or entry.status is not WorkStatus.QUEUED:
             return False
         self.entries[entry_id] = entry.model_copy(update={"status": WorkStatus.CANCELLED})
+        if run is not None:
+            self.runs[run.id] = run
         return True
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:

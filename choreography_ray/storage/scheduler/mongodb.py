@@ -336,12 +336,14 @@ class MongoSchedulerStorage:
 
         return _parse(WorkEntry, "work_queue", await self._run(write))
 
-    async def cancel_entry(self, entry_id: str) -> bool:
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
         def write(db: Database[Doc]) -> bool:
             only = {"_id": entry_id, "status": _QUEUED}
             done = db.work_queue.update_one(only, {"$set": {"status": WorkStatus.CANCELLED.value}})
             if done.matched_count:
                 _drop_keys(db, entry_id)
+                if run is not None:  # after the entry: the cycle settles a run left waiting
+                    db.runs.replace_one({"_id": run.id}, _doc(run, run.id), upsert=True)
             return bool(done.matched_count)
 
         return await self._run(write)

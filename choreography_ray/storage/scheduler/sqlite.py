@@ -350,8 +350,10 @@ class SqliteSchedulerStorage:
 
         return await self._transact(self._change(entry_id, WorkStatus.DISPATCHED, change))
 
-    async def cancel_entry(self, entry_id: str) -> bool:
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
         def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
+            if run is not None:
+                _save_run(c, run)
             return entry.model_copy(update={"status": WorkStatus.CANCELLED})
 
         return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change)) is not None

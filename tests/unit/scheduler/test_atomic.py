@@ -1,0 +1,74 @@
+"""Operations of two writes, and the half-written states a failure between them leaves: each
+is one write now, or heals on the next cycle. Faults are injected into the memory storage."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from choreography_ray.scheduler.port import JobView
+from choreography_ray.scheduler.schedules import Every
+from choreography_ray.scheduler.status import RunStatus, WorkStatus
+from choreography_ray.status import JobStatus
+from tests.unit.scheduler.harness import JOB, Harness, run
+
+RUNS = JobView(JobStatus.RUNNING)
+
+
+class Fault(Exception):
+    """The storage failed this write."""
+
+
+def fail_once(h: Harness, method: str) -> None:
+    """The storage's next call of `method` fails, before it writes anything."""
+    real: Callable[..., Coroutine[Any, Any, Any]] = getattr(h.storage, method)
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        setattr(h.storage, method, real)
+        raise Fault(f"{method} failed")
+
+    setattr(h.storage, method, failing)
+
+
+async def queued_retry(h: Harness) -> str:
+    """A manifest run every minute whose retry is queued (after a 5 min delay); its run's id."""
+    h.jobs.ends_as = JobView(JobStatus.FAILED)
+    core = await h.start()
+    await core.schedule("m", JOB, {}, Every.minutes(1))
+    await h.run_for(1.5)
+    (entry,) = await h.storage.queued_entries("s", "m")
+    return entry.run_id
+
+
+def test_disable__a_failing_write_of_the_run_leaves_no_queued_run_behind() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        run_id = await queued_retry(h)
+        fail_once(h, "save_run")
+        with contextlib.suppress(Fault):  # the earlier code failed here, between its writes
+            await h.core.schedule("m", JOB, {}, Every.minutes(1), enabled=False)
+        await h.run_for(1)
+        queued = await h.storage.get_run(run_id)
+        assert queued is not None and queued.status is RunStatus.CANCELLED
+        h.jobs.ends_as = RUNS
+        await h.core.schedule("m", JOB, {}, Every.minutes(1), enabled=True)
+        await h.run_for(90)  # the cancelled retry settled its occurrence: the next one runs
+        assert (await h.core.runs("m"))[0].status is RunStatus.RUNNING
+
+    run(scenario)
+
+
+def test_a_waiting_run_whose_entry_was_cancelled_is_settled_by_the_next_cycle() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        run_id = await queued_retry(h)
+        (entry,) = await h.storage.queued_entries("s", "m")
+        # What a failure between MongoDB's two writes of a disable leaves.
+        await h.storage.cancel_entry(entry.id)
+        assert (await h.storage.get_entry(entry.id)).status is WorkStatus.CANCELLED  # type: ignore[union-attr]
+        await h.run_for(1)
+        settled = await h.storage.get_run(run_id)
+        assert settled is not None and settled.status is RunStatus.CANCELLED
+
+    run(scenario)
