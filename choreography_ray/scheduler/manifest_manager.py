@@ -11,7 +11,7 @@ A manifest whose turn fails is logged by name and holds up no other.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -172,7 +172,7 @@ class ManifestManager:
         now = await self.storage.now()
         history = await gather(self.storage, manifest, self.options, now,
                                checkpoint_stages=opts_in)  # fmt: skip
-        if await self._settle(history.runs):
+        if await self._settle(history):
             now = await self.storage.now()
             history = await gather(self.storage, manifest, self.options, now,
                                    checkpoint_stages=opts_in)  # fmt: skip
@@ -211,10 +211,13 @@ class ManifestManager:
             layout=checkpoints.layout_of(view.stages), completed_at=now,
         ))  # fmt: skip
 
-    async def _settle(self, runs: Sequence[ManifestRun]) -> bool:
-        """Settles the runs whose jobs ended, and hands back runs an earlier activation claimed
-        but never started; whether anything changed."""
-        changed = False
+    async def _settle(self, history: History) -> bool:
+        """Settles the runs whose jobs ended, hands back runs an earlier activation claimed
+        but never started, and heals what a failure between two writes left (a waiting run
+        whose entry was cancelled or never written; a queued entry whose run was never
+        written); whether anything changed."""
+        runs = history.runs
+        changed = await self._cancel_orphans(history)
         running = [r for r in runs if r.status is RunStatus.RUNNING and r.job_id is not None]
         if running:
             views = await self.jobs.job_views([r.job_id for r in running if r.job_id])
@@ -242,11 +245,13 @@ class ManifestManager:
             if not waiting or run.entry_id is None:
                 continue
             entry = await self.storage.get_entry(run.entry_id)
-            if entry is not None and entry.status is WorkStatus.CANCELLED:
-                # Its entry was cancelled (a disabled manifest) and a failure stopped the
-                # write of the run: it is settled here, or it would block its manifest.
+            if entry is None or entry.status is WorkStatus.CANCELLED:
+                # Its entry was cancelled (a disabled manifest) and a failure stopped the write
+                # of the run, or (an earlier release's MongoDB enqueue) its entry was never
+                # written: it is settled here, or it would block its manifest.
                 now = await self.storage.now()
-                await self.storage.save_run(cancelled(run, now, "its work entry was cancelled"))
+                why = "its work entry was " + ("cancelled" if entry else "never written")
+                await self.storage.save_run(cancelled(run, now, why))
                 changed = True
             elif entry is not None and entry.status is WorkStatus.DISPATCHED:
                 # Claimed by an earlier activation that stopped before it saved the run
@@ -255,6 +260,18 @@ class ManifestManager:
                                    "its job was started")  # fmt: skip
                 changed = True
         return changed
+
+    async def _cancel_orphans(self, history: History) -> bool:
+        """Cancels the queued entries whose run was never written (MongoDB writes an entry
+        before its run): each holds its manifest's key for nothing."""
+        known = {r.id for r in history.runs}
+        orphans = [e for e in history.queued if e.run_id not in known
+                   and await self.storage.get_run(e.run_id) is None]  # fmt: skip
+        for entry in orphans:
+            log.warning("scheduler/%s: entry %s of %r names no stored run %s: cancelled",
+                        self.scope, entry.id, entry.manifest, entry.run_id)  # fmt: skip
+            await self.storage.cancel_entry(entry.id)
+        return bool(orphans)
 
     async def _release(self, run: ManifestRun) -> None:
         """A settled run's job is no longer held (see `port`); a failed release leaves the

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from choreography_ray.model import StageShape
+from choreography_ray.scheduler.core import SchedulerCore
+from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import (
     Checkpoint,
     DeadLetter,
@@ -30,7 +34,10 @@ from choreography_ray.storage.scheduler import (
     SchedulerStorage,
     scheduler_storage,
 )
+from choreography_ray.storage.scheduler.memory import MemorySchedulerStorage
+from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
 from tests.fixtures import OLDEST_JOBS, build_oldest_sqlite
+from tests.unit.scheduler.harness import Clock, FakeJobs
 
 SCOPE = "s"
 T0 = datetime(2025, 6, 1, 12, tzinfo=UTC)
@@ -414,3 +421,37 @@ async def test_sqlite_run_for_job__uses_the_job_id_index(tmp_path: Path) -> None
         plan = c.execute(f"EXPLAIN QUERY PLAN SELECT id, doc FROM runs WHERE {_RUN_JOB} = ?",
                          ("j",)).fetchall()  # fmt: skip
     assert any("runs_job" in str(row) for row in plan), plan
+
+
+# --- a write that fails between two writes ---------------------------------------------------
+
+
+async def test_enqueue__a_failing_entry_write_blocks_nothing_the_next_cycle_queues(
+    sched: SchedulerStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MongoDB writes an enqueue's entry, then its run; SQLite both in one transaction. The
+    entry's write fails once: nothing is left that holds the manifest up."""
+    if isinstance(sched, MemorySchedulerStorage):
+        pytest.skip("the memory storage enqueues in one step: nothing to fail between")
+    module = sys.modules[type(sched).__module__]
+    mongo = isinstance(sched, MongoSchedulerStorage)
+    name = "_doc" if mongo else "_insert_entry"  # (record, key) or (connection, entry)
+    real = getattr(module, name)
+    failed: list[str] = []
+
+    def once(*args: Any) -> Any:
+        if not failed and any(isinstance(a, WorkEntry) for a in args):
+            failed.append(name)
+            raise OSError("the entry's write failed")
+        return real(*args)
+
+    monkeypatch.setattr(module, name, once)
+    core = SchedulerCore(SCOPE, sched, FakeJobs(Clock()), SchedulerOptions(), holder="h")
+    await core.start(loops=False)
+    await core.schedule("m", "pkg.jobs:J", {}, Every.hours(1))
+    await core.run_cycle()  # its enqueue fails: logged, the manifest's turn ends
+    assert failed
+    await core.run_cycle()
+    (entry,) = await sched.queued_entries(SCOPE, "m")
+    waiting = [r for r in await sched.list_runs(SCOPE, "m") if not r.status.is_finished]
+    assert [r.id for r in waiting] == [entry.run_id]

@@ -18,7 +18,9 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
                       on the holder and expiry read just before: a compare-and-swap.
 
 A marker is inserted before its entry and deleted after the entry leaves QUEUED (claimed,
-cancelled, or its link cleared). A process that dies in between leaves a stale marker: one whose
+cancelled, or its link cleared), or at once when the entry's write fails. An enqueue writes the
+entry, then its run: a failure between leaves an entry with no run, which the scheduler's next
+cycle cancels. A process that dies in between leaves a stale marker: one whose
 entry is no longer queued, or (after `STALE_MARKER_SECONDS`) was never written, is taken over by
 the next writer of that key. A claim is a `find_one_and_update` filtered on status QUEUED, so of
 two dispatchers one wins each entry. The database's clock is the server's `hello.localTime`
@@ -273,8 +275,16 @@ class MongoSchedulerStorage:
                 "status": WorkStatus.QUEUED, "created_at": now, "run_id": result.run.id,
                 "scheduled_at": now + delay if delay > timedelta(0) else None,
             })  # fmt: skip
+            # The entry first, then its run: a failure between leaves an entry whose run was
+            # never written, which the next cycle cancels (a run with no entry would block its
+            # manifest). An entry that was not written gives its keys back at once.
+            try:
+                db.work_queue.insert_one(_doc(queued, queued.id))
+            except Exception:
+                with contextlib.suppress(Exception):
+                    _drop_keys(db, entry.id, markers)
+                raise
             db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
-            db.work_queue.insert_one(_doc(queued, queued.id))
             return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
 
         return await self._run(write)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
+from choreography_ray.scheduler.manifest_manager import new_run
 from choreography_ray.scheduler.port import JobView
+from choreography_ray.scheduler.records import WorkEntry
 from choreography_ray.scheduler.schedules import Every
-from choreography_ray.scheduler.status import RunStatus, WorkStatus
+from choreography_ray.scheduler.status import EntryKind, RunStatus, WorkStatus
 from choreography_ray.status import JobStatus
 from tests.unit.scheduler.harness import JOB, Harness, run
 
@@ -70,5 +73,43 @@ def test_a_waiting_run_whose_entry_was_cancelled_is_settled_by_the_next_cycle() 
         await h.run_for(1)
         settled = await h.storage.get_run(run_id)
         assert settled is not None and settled.status is RunStatus.CANCELLED
+
+    run(scenario)
+
+
+def test_a_queued_entry_whose_run_was_never_written_is_cancelled_and_the_manifest_queued() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        h.jobs.ends_as = RUNS
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.minutes(1), enabled=False)
+        # What a failure between MongoDB's writes of an enqueue leaves: the entry alone.
+        # A retry's, due in an hour: the dispatcher would not come across it before then.
+        later = h.clock.now + timedelta(hours=1)
+        orphan = WorkEntry(scope="s", manifest="m", run_id="never-written", scheduled_at=later)
+        h.storage.entries[orphan.id] = orphan
+        await core.schedule("m", JOB, {}, Every.minutes(1), enabled=True)
+        await h.run_for(1)
+        assert (await h.storage.get_entry(orphan.id)).status is WorkStatus.CANCELLED  # type: ignore[union-attr]
+        (started,) = await core.runs("m")
+        assert started.status is RunStatus.RUNNING
+
+    run(scenario)
+
+
+def test_a_queued_run_whose_entry_was_never_written_is_settled_by_the_next_cycle() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        h.jobs.ends_as = RUNS
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.minutes(1), enabled=False)
+        # What an earlier release's MongoDB enqueue left: the run alone.
+        _, lone = new_run(await core.manifest("m"), EntryKind.SCHEDULED, h.clock.now)
+        await h.storage.save_run(lone)
+        await core.schedule("m", JOB, {}, Every.minutes(1), enabled=True)
+        await h.run_for(61)
+        settled = await h.storage.get_run(lone.id)
+        assert settled is not None and settled.status is RunStatus.CANCELLED
+        assert (await core.runs("m"))[0].status is RunStatus.RUNNING  # it runs again
 
     run(scenario)
