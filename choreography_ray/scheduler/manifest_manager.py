@@ -28,7 +28,7 @@ from choreography_ray.scheduler.records import (
     WorkEntry,
     new_id,
 )
-from choreography_ray.scheduler.status import EntryKind, RunStatus, WorkStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, EntryKind, RunStatus, WorkStatus
 from choreography_ray.storage.scheduler import Enqueued, SchedulerStorage
 
 log = get_logger(__name__)
@@ -115,14 +115,16 @@ def new_run(
     *,
     source: ManifestRun | None = None,
     requeues: str | None = None,
+    run_id: str | None = None,
     **links: Any,
 ) -> tuple[WorkEntry, ManifestRun]:
     """A run of `manifest` (or again of `source`'s job type and request) and its work entry;
-    `requeues`: the run an operator's requeue queues again (`source`'s id when given).
+    `requeues`: the run an operator's requeue queues again (`source`'s id when given);
+    `run_id`: the run's id (a dead letter's requeue: the dead letter's), else a new one.
     `links`: `occurrence`, `parent_run`, `is_retry`, `replays`, `resume_from`."""
     resume_from = links.pop("resume_from", None)
     of = source or manifest
-    run_id, entry_id = new_id(), new_id()
+    run_id, entry_id = run_id or new_id(), new_id()
     run = ManifestRun(
         id=run_id, scope=manifest.scope, manifest=manifest.name, job_type=of.job_type,
         request=of.request, namespace=of.namespace, entry_id=entry_id, kind=kind, queued_at=now,
@@ -217,7 +219,7 @@ class ManifestManager:
         whose entry was cancelled or never written; a queued entry whose run was never
         written); whether anything changed."""
         runs = history.runs
-        changed = await self._cancel_orphans(history)
+        changed = await self._cancel_orphans(history) | await self._resolve_requeued(history)
         running = [r for r in runs if r.status is RunStatus.RUNNING and r.job_id is not None]
         if running:
             views = await self.jobs.job_views([r.job_id for r in running if r.job_id])
@@ -260,6 +262,17 @@ class ManifestManager:
                                    "its job was started")  # fmt: skip
                 changed = True
         return changed
+
+    async def _resolve_requeued(self, history: History) -> bool:
+        """Resolves RETRIED a dead letter whose requeue queued its run (the run has the dead
+        letter's id) but failed to resolve it."""
+        letter = failures.awaiting_intervention(history.dead_letters)
+        if letter is None or await self.storage.get_run(letter.id) is None:
+            return False
+        log.info("scheduler/%s: dead letter %s of %r was requeued as run %s: resolved",
+                 self.scope, letter.id, letter.manifest, letter.id)  # fmt: skip
+        await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED)
+        return True
 
     async def _cancel_orphans(self, history: History) -> bool:
         """Cancels the queued entries whose run was never written (MongoDB writes an entry

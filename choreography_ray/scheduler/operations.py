@@ -154,17 +154,26 @@ class Operations:
         """Resolves the dead letter (RETRIED) and queues a run of the manifest's current job
         type and request at once, no backoff; the failure count starts afresh from the
         resolution. It replays and resumes the failed run only as a retry would: not when the
-        manifest opted out of replay, nor when its input changed since."""
+        manifest opted out of replay, nor when its input changed since.
+
+        The run is queued first, then the dead letter resolved: its run has the dead letter's
+        id, so a requeue whose resolution failed is resolved by the next cycle, or by this
+        requeue again, with its one run (never a second)."""
         letter = await self.dead_letter(dead_letter_id)
         if letter.status.is_resolved:
             raise _already_resolved(letter)
+        if await self.storage.get_run(letter.id) is None:
+            await self._queue_requeue(letter, ask_afresh)
+        if await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED) is None:
+            raise _already_resolved(letter)
+        return letter.id
+
+    async def _queue_requeue(self, letter: DeadLetter, ask_afresh: bool) -> None:
         manifest = await self.manifest(letter.manifest)
         target = await self.storage.get_run(letter.run_id) if letter.run_id else None
         link = replay.Link(None, replay.AskAfresh.NOT_A_RETRY)
         if target is not None:
             link = await self._requeue_link(target, ask_afresh, manifest)
-        if await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED) is None:
-            raise _already_resolved(letter)
         # It resumes after the failed run's checkpoint, if it has one (the dispatcher looks).
         resume_from = None
         if target is not None and target.status is RunStatus.FAILED:
@@ -172,12 +181,11 @@ class Operations:
             opts_in = resumable and self.manager.jobs.checkpoint_stages(target.job_type)
             resume_from = target.id if opts_in else None
         now = await self.storage.now()
-        entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, is_retry=True,
-                             replays=link.replays, resume_from=resume_from,
+        entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, run_id=letter.id,
+                             is_retry=True, replays=link.replays, resume_from=resume_from,
                              requeues=letter.run_id)  # fmt: skip
-        done = await self.storage.enqueue(entry, run)
-        assert done.run is not None  # an entry that holds no manifest key is never refused
-        return done.run.id
+        # An entry that holds no manifest key is never refused.
+        await self.storage.enqueue(entry, run)
 
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         letter = await self.dead_letter(dead_letter_id)

@@ -12,7 +12,7 @@ from choreography_ray.scheduler.manifest_manager import new_run
 from choreography_ray.scheduler.port import JobView
 from choreography_ray.scheduler.records import WorkEntry
 from choreography_ray.scheduler.schedules import Every
-from choreography_ray.scheduler.status import EntryKind, RunStatus, WorkStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, EntryKind, RunStatus, WorkStatus
 from choreography_ray.status import JobStatus
 from tests.unit.scheduler.harness import JOB, Harness, run
 
@@ -111,5 +111,61 @@ def test_a_queued_run_whose_entry_was_never_written_is_settled_by_the_next_cycle
         settled = await h.storage.get_run(lone.id)
         assert settled is not None and settled.status is RunStatus.CANCELLED
         assert (await core.runs("m"))[0].status is RunStatus.RUNNING  # it runs again
+
+    run(scenario)
+
+
+async def dead_lettered(h: Harness) -> str:
+    """A manifest dead-lettered on its first failure; the dead letter's id."""
+    h.jobs.ends_as = JobView(JobStatus.FAILED)
+    core = await h.start()
+    await core.schedule("m", JOB, {}, Every.hours(1), max_retries=0)
+    await h.run_for(1.5)
+    (letter,) = await core.dead_letters("m")
+    return letter.id
+
+
+def test_requeue__a_failing_enqueue_leaves_the_dead_letter_awaiting_a_second_requeue() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        letter = await dead_lettered(h)
+        fail_once(h, "enqueue")
+        with contextlib.suppress(Fault):
+            await h.core.requeue(letter)
+        run_id = await h.core.requeue(letter)  # the earlier code refused it: resolved already
+        (resolved,) = await h.core.dead_letters("m")
+        assert resolved.status is DeadLetterStatus.RETRIED
+        assert (await h.storage.get_run(run_id)).status is RunStatus.QUEUED  # type: ignore[union-attr]
+
+    run(scenario)
+
+
+def test_requeue__a_failing_resolution_is_completed_by_the_next_cycle_with_one_run() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        letter = await dead_lettered(h)
+        fail_once(h, "resolve_dead_letter")
+        with contextlib.suppress(Fault):
+            await h.core.requeue(letter)
+        await h.core.run_cycle()
+        (resolved,) = await h.core.dead_letters("m")
+        assert resolved.status is DeadLetterStatus.RETRIED
+        requeued = [r for r in await h.core.runs("m") if r.kind is EntryKind.DEAD_LETTER_REQUEUE]
+        assert len(requeued) == 1
+
+    run(scenario)
+
+
+def test_requeue__after_a_failing_resolution_a_second_requeue_queues_no_second_run() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        letter = await dead_lettered(h)
+        fail_once(h, "resolve_dead_letter")
+        with contextlib.suppress(Fault):
+            await h.core.requeue(letter)
+        run_id = await h.core.requeue(letter)
+        requeued = [r for r in await h.core.runs("m") if r.kind is EntryKind.DEAD_LETTER_REQUEUE]
+        assert [r.id for r in requeued] == [run_id]
+        assert len(await h.storage.queued_entries("s", "m")) == 1
 
     run(scenario)
