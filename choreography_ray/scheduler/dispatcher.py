@@ -14,6 +14,7 @@ resumes a failed run starts its job after that run's latest checkpoint
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from choreography_ray.logs import get_logger
@@ -47,19 +48,27 @@ class Dispatcher:
     async def dispatch_due(self) -> int:
         """Claims the due entries and starts their runs; how many were claimed."""
         claimed = await self.storage.claim_due(self.scope, CLAIM_BATCH)
+        # Namespaces whose jobs manager did not answer a start in time: their other entries
+        # are requeued at once rather than hold the scope's turn up again.
+        stuck: set[str] = set()
         for entry in claimed:
             try:
-                await self.dispatch(entry)
+                await self.dispatch(entry, stuck)
             except Exception:
                 log.exception("scheduler/%s: dispatching entry %s of %r failed", self.scope,
                               entry.id, entry.manifest)  # fmt: skip
         return len(claimed)
 
-    async def dispatch(self, entry: WorkEntry) -> None:
+    async def dispatch(self, entry: WorkEntry, stuck: set[str] | None = None) -> None:
+        stuck = set() if stuck is None else stuck
         run = await self.storage.get_run(entry.run_id)
         if run is None:
             log.error("scheduler/%s: entry %s names no stored run %s; dropped", self.scope,
                       entry.id, entry.run_id)  # fmt: skip
+            return
+        if run.namespace in stuck:
+            why = f"the jobs manager of namespace {run.namespace!r} did not answer in time"
+            await self.failed(entry, run, why, reached=False)
             return
         manifest = await self.storage.get_manifest(self.scope, entry.manifest)
         replays = entry.replays
@@ -82,14 +91,23 @@ class Dispatcher:
         resume = None if entry.resume_from is None else await self._resume_after(entry)
         links = {"replays": replays, "replay_abandoned": abandoned,
                  "resumed_from": None if resume is None else entry.resume_from}  # fmt: skip
-        run = run.model_copy(update={"job_id": uuid.uuid4().hex, **links})
+        # A dispatch requeued after no answer keeps the id it chose: a late start of it is
+        # found, and a second start of it is refused (the job exists), never a second job.
+        run = run.model_copy(update={"job_id": run.job_id or uuid.uuid4().hex, **links})
         await self.storage.save_run(run)
         assert run.job_id is not None
+        timeout = self.options.dispatch_timeout
         try:
-            job_id = await self.jobs.start_job(self.scope, run.namespace, run.job_type,
-                                               run.request, run.job_id, resume)  # fmt: skip
+            job_id = await asyncio.wait_for(self.jobs.start_job(
+                self.scope, run.namespace, run.job_type, run.request, run.job_id, resume,
+            ), timeout.total_seconds())  # fmt: skip
         except DispatchError as error:
             await self.failed(entry, run, str(error), reached=error.reached)
+            return
+        except TimeoutError:
+            stuck.add(run.namespace)
+            why = f"the jobs manager did not answer within {timeout}"
+            await self.failed(entry, run, why, reached=False)
             return
         except Exception as error:  # whatever else: the jobs manager was not reached
             await self.failed(entry, run, f"{type(error).__name__}: {error}", reached=False)
@@ -151,12 +169,13 @@ class Dispatcher:
             await self._started(entry, run, run.job_id)
             return
         retry = dispatching.after_dispatch_failure(entry.dispatch_attempts, self.options)
-        # No job of its own: the id chosen for the start that failed is cleared.
+        # No job of its own: the id chosen for the start that failed is cleared, except on a
+        # dispatch requeued, which starts that id again.
         attempts = {"dispatch_attempts": entry.dispatch_attempts, "error": why, "job_id": None}
         if not reached and not retry.gives_up:
             assert retry.delay is not None
             if await self.storage.requeue_dispatch(entry.id, retry.delay) is not None:
-                update = {**attempts, "status": RunStatus.DISPATCH_REQUEUED}
+                update = {**attempts, "status": RunStatus.DISPATCH_REQUEUED, "job_id": run.job_id}
                 await self.storage.save_run(run.model_copy(update=update))
                 self.requeued += 1
                 log.warning("scheduler/%s: dispatch %d of run %s failed (%s); again in %s",

@@ -54,13 +54,17 @@ class Started:
 class FakeJobs:
     """Jobs that end at once as `ends_as`; the next `unreachable` starts never reach a
     manager, the next `lost_answers` start their job but their answer is lost (a timeout), and
-    `refuse` makes the manager refuse every job."""
+    `refuse` makes the manager refuse every job. The managers of the namespaces in `stuck`
+    never answer a start; those in `slow` start the job, then never answer. A start of an id
+    that exists is refused as the manager does (`JOB_ALREADY_EXISTS`, not reached)."""
 
     clock: Clock
     ends_as: JobView = SUCCEEDS
     unreachable: int = 0
     lost_answers: int = 0
     refuse: bool = False
+    stuck: set[str] = field(default_factory=set)
+    slow: set[str] = field(default_factory=set)
     jobs: dict[str, JobView] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
     attempts: list[datetime] = field(default_factory=list)
@@ -86,6 +90,10 @@ class FakeJobs:
         resume_after: ResumeAfter | None = None,
     ) -> str:
         self.attempts.append(self.clock())
+        if namespace in self.stuck:
+            await asyncio.Event().wait()
+        if job_id in self.jobs:
+            raise DispatchError(f"job {job_id} exists already", reached=False)
         if self.unreachable:
             self.unreachable -= 1
             raise DispatchError("the jobs manager did not answer", reached=False)
@@ -103,6 +111,8 @@ class FakeJobs:
         self.types.append(job_type)
         if self.on_start is not None:
             await self.on_start(job_id)
+        if namespace in self.slow:
+            await asyncio.Event().wait()
         if self.lost_answers:
             self.lost_answers -= 1
             raise TimeoutError("the jobs manager's answer was lost")

@@ -242,3 +242,36 @@ def test_dispatch__a_start_whose_answer_is_lost_is_that_job_never_a_second() -> 
         assert [s.job_id for s in h.jobs.started] == [only.job_id]
 
     run(scenario)
+
+
+def test_dispatch__a_stuck_jobs_manager_holds_up_no_other_namespace() -> None:
+    async def scenario() -> None:
+        h = Harness(dispatch_timeout=0.05)
+        h.jobs.ends_as = JobView(JobStatus.RUNNING)
+        h.jobs.stuck = {"stuck"}
+        core = await h.start()
+        for name, namespace in (("a1", "stuck"), ("a2", "stuck"), ("b", "default")):
+            await core.schedule(name, JOB, {}, Every.hours(1), namespace=namespace)
+        await h.run_for(0.5)  # one cycle, one dispatch: a1 times out, a2 waits, b starts
+        status = {r.manifest: r.status for r in await core.runs()}
+        assert status == {"a1": RunStatus.DISPATCH_REQUEUED, "a2": RunStatus.DISPATCH_REQUEUED,
+                          "b": RunStatus.RUNNING}  # fmt: skip
+        assert len(h.jobs.attempts) == 2  # a2's start was not tried behind a1's
+        assert (await core.trigger("b")).already_dispatched  # operations move too
+
+    run(scenario)
+
+
+def test_dispatch__a_start_answered_past_the_deadline_is_that_job() -> None:
+    async def scenario() -> None:
+        h = Harness(dispatch_timeout=0.05)
+        h.jobs.ends_as = JobView(JobStatus.RUNNING)
+        h.jobs.slow = {"default"}
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.hours(1))
+        await h.run_for(30)
+        (only,) = await core.runs("m")
+        assert only.status is RunStatus.RUNNING
+        assert [s.job_id for s in h.jobs.started] == [only.job_id]
+
+    run(scenario)
