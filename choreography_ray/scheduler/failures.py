@@ -94,8 +94,15 @@ def dead_letter_reason(counted: Sequence[ManifestRun], manifest: Manifest) -> st
 
 
 def backoff_total(retries: int, options: SchedulerOptions) -> timedelta:
-    """The delays of `retries` retries in a row, added up."""
-    return sum((retry_delay(n, options) for n in range(1, retries + 1)), timedelta(0))
+    """The delays of `retries` retries in a row, added up, in closed form: from the exponent
+    cap on (`_MAX_EXPONENT`) every delay is the same, so at most that many are added one by
+    one (`max_retries=2**31-1` must not add two billion)."""
+    varying = min(retries, _MAX_EXPONENT + 1)
+    total = sum((retry_delay(n, options) for n in range(1, varying + 1)), timedelta(0))
+    try:
+        return total + (retries - varying) * retry_delay(varying, options)
+    except OverflowError:
+        return timedelta.max
 
 
 def backoff_warning(

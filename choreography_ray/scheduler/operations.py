@@ -11,7 +11,9 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from choreography_ray.errors import SchedulerError, SchedulerOperationError
+from pydantic import ValidationError
+
+from choreography_ray.errors import InvalidRequestError, SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import cycle, failures, replay
 from choreography_ray.scheduler.cycle import InFlight, Release
@@ -83,18 +85,26 @@ class Operations:
         enabled: bool | None = None,
     ) -> Manifest:
         """Upserts a manifest: its definition always, and of its settings those stated (not
-        None); an unstated one keeps its stored value (a new manifest: its default)."""
+        None); an unstated one keeps its stored value (a new manifest: its default). A setting
+        out of range (`max_retries` below 0, a `failure_window` of zero or less, which would
+        never dead-letter) is refused with `InvalidRequestError`, as Trax refuses it."""
+        if failure_window is not None and failure_window <= timedelta(0):
+            raise InvalidRequestError(f"manifest {name!r}: failure_window must be positive, "
+                                      f"not {failure_window}")  # fmt: skip
         settings = {"max_retries": max_retries, "failure_window": failure_window,
                     "replay_decisions_on_retry": replay_decisions_on_retry,
                     "enabled": enabled}  # fmt: skip
         stated = {k for k, v in settings.items() if v is not None}
         defaults = {"max_retries": self.options.default_max_retries}
         now = await self.storage.now()
-        manifest = Manifest.model_validate({
-            "scope": self.scope, "name": name, "job_type": job_type, "request": request,
-            "schedule": schedule, "namespace": namespace, "created": now, "updated": now,
-            **defaults, **{k: settings[k] for k in stated},
-        })  # fmt: skip
+        try:
+            manifest = Manifest.model_validate({
+                "scope": self.scope, "name": name, "job_type": job_type, "request": request,
+                "schedule": schedule, "namespace": namespace, "created": now, "updated": now,
+                **defaults, **{k: settings[k] for k in stated},
+            })  # fmt: skip
+        except ValidationError as error:  # a setting out of range: the caller's error
+            raise InvalidRequestError(f"manifest {name!r}: {error}") from None
         stored = await self.storage.upsert_manifest(manifest, stated)
         window = failures.failure_window(stored, self.options)
         warning = failures.backoff_warning(self.options, stored.max_retries, window)

@@ -102,6 +102,21 @@ def test_backoff_warning__none_with_the_defaults() -> None:
     assert failures.backoff_warning(OPTIONS) is None
 
 
+def test_backoff_total__in_closed_form_for_any_number_of_retries() -> None:
+    # 5, 10, 20, 40 minutes, then the 1 hour cap for every further retry.
+    first_four = timedelta(minutes=75)
+    assert failures.backoff_total(4, OPTIONS) == first_four
+    huge = 2**31 - 1
+    assert failures.backoff_total(huge, OPTIONS) == first_four + (huge - 4) * timedelta(hours=1)
+    assert failures.backoff_warning(OPTIONS, max_retries=huge) is not None
+    unbounded = SchedulerOptions(max_retry_delay=timedelta(days=10**6))
+    assert failures.backoff_total(huge, unbounded) == timedelta.max
+    for retries in range(0, 80, 7):  # the closed form is the sum, delay by delay
+        one_by_one = sum((failures.retry_delay(n, OPTIONS) for n in range(1, retries + 1)),
+                         timedelta(0))  # fmt: skip
+        assert failures.backoff_total(retries, OPTIONS) == one_by_one
+
+
 def test_backoff_warning__when_the_backoff_of_the_retries_reaches_the_window() -> None:
     options = SchedulerOptions(failure_count_window=timedelta(minutes=35))
     warning = failures.backoff_warning(options)

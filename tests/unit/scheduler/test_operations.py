@@ -3,9 +3,11 @@ trigger and a resume run, and how their runs count, to the letter of the spec.""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
-from choreography_ray.errors import SchedulerError, SchedulerOperationError
+from choreography_ray.errors import InvalidRequestError, SchedulerError, SchedulerOperationError
 from choreography_ray.model import StageProgress
 from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.port import JobView
@@ -273,5 +275,21 @@ def test_dispatch__a_start_answered_past_the_deadline_is_that_job() -> None:
         (only,) = await core.runs("m")
         assert only.status is RunStatus.RUNNING
         assert [s.job_id for s in h.jobs.started] == [only.job_id]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"failure_window": timedelta(0)}, {"failure_window": timedelta(hours=-1)},
+     {"max_retries": -1}],
+)  # fmt: skip
+def test_schedule__a_setting_out_of_range_is_the_callers_error(settings: dict[str, object]) -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core = await h.start()
+        with pytest.raises(InvalidRequestError):
+            await core.schedule("m", JOB, {}, Every.hours(1), **settings)
+        assert await core.manifests() == []
 
     run(scenario)
