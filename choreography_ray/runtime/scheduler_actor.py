@@ -2,14 +2,16 @@
 
 It builds the core with the scheduler storage beside the job storage and `RayJobsPort`, the
 jobs port on the jobs manager of each manifest's namespace, and forwards its calls. Its holder
-of the scope's lock is this activation: the actor's id and a fresh token, so a restarted actor
-is a new holder and waits for its predecessor's lease to expire (at most `lock_ttl`).
+of the scope's lock is this activation: the actor's id and a token that sorts by its start, so
+a restarted actor (Ray keeps its id) takes its predecessor's lease over at once, and calls
+waiting across the restart are not refused `NOT_LOCK_HOLDER` for up to `lock_ttl`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import time
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -126,7 +128,9 @@ class SchedulerActor:
         storage = open_shared_storage(storage_url, ns)
         jobs = RayJobsPort(storage, storage_url, options_json, ns)
         actor_id = ray.get_runtime_context().get_actor_id()
-        holder = f"{actor_id}/{uuid.uuid4().hex[:12]}"
+        # A token that sorts by this activation's start: a restarted actor (same id) takes
+        # its predecessor's lease over at once (`lease_for`).
+        holder = f"{actor_id}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         self.core = SchedulerCore(
             scope, shared_scheduler_storage(storage), jobs, options.scheduler, holder=holder
         )

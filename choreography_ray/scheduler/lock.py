@@ -2,8 +2,9 @@
 
 The lock is a lease in storage (`SchedulerStorage.acquire_lease`): taken when free or expired,
 renewed by its holder every third of `lock_ttl`, released when the scheduler closes. A holder is
-one activation of the scheduler actor, so a second cluster's scheduler on the same storage (or
-a restarted actor whose predecessor's lease has not expired) waits until the lease is free.
+one activation of the scheduler actor, so a second cluster's scheduler on the same storage waits
+until the lease is free; a restarted actor (a later incarnation of the same actor) takes its
+predecessor's lease over at once (`storage.scheduler.lease_for`).
 
 The lease's expiry is on the database's clock; this process believes it holds the lock only
 until its own monotonic clock says `lock_ttl` has passed since the last renewal *started*, so a

@@ -342,6 +342,17 @@ async def test_manifest_keys__every_scope_and_namespace_once_sorted(
 # --- the scope's lock ------------------------------------------------------------------------
 
 
+async def test_lease__a_later_incarnation_of_its_holder_takes_it_over_at_once(
+    sched: SchedulerStorage,
+) -> None:
+    ttl = timedelta(seconds=30)
+    assert await sched.acquire_lease("scheduler/s", "actor/0001", ttl) is not None
+    taken = await sched.acquire_lease("scheduler/s", "actor/0002", ttl)
+    assert taken is not None and taken.holder == "actor/0002"
+    assert await sched.acquire_lease("scheduler/s", "actor/0001", ttl) is None
+    assert await sched.acquire_lease("scheduler/s", "other/0003", ttl) is None
+
+
 async def test_lease__one_holder_until_it_expires_then_another_takes_it(
     sched: SchedulerStorage,
 ) -> None:

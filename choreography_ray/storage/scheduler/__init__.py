@@ -129,12 +129,25 @@ def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
     return dict(fields[k] for k in taken)
 
 
+def succeeds(holder: str, earlier: str) -> bool:
+    """`holder` is a later incarnation of `earlier`'s lineage. A holder is "{lineage}/
+    {incarnation}" (the scheduler actor's id, and a token of one activation that sorts by its
+    start); a holder without "/" has no incarnations."""
+    lineage, _, incarnation = holder.rpartition("/")
+    before, _, earlier_incarnation = earlier.rpartition("/")
+    return bool(lineage) and lineage == before and incarnation > earlier_incarnation
+
+
 def lease_for(
     stored: SchedulerLease | None, name: str, holder: str, ttl: timedelta, now: datetime
 ) -> SchedulerLease | None:
-    """The lease `acquire_lease` writes: a new one when none is stored or the stored one has
-    expired, the stored one extended when `holder` holds it; None when another holds it."""
-    if stored is not None and stored.holder != holder and stored.expires_at > now:
+    """The lease `acquire_lease` writes: a new one when none is stored, the stored one has
+    expired, or its holder is an earlier incarnation of `holder`'s lineage (a restarted actor:
+    Ray runs one incarnation of an actor at a time, so its predecessor is gone, and it need not
+    wait `lock_ttl` for its lease); the stored one extended when `holder` holds it; None when
+    another holds it (an earlier incarnation never takes it back before it expires)."""
+    held = stored is not None and stored.holder != holder and stored.expires_at > now
+    if held and stored is not None and not succeeds(holder, stored.holder):
         return None
     acquired = stored.acquired_at if stored is not None and stored.holder == holder else now
     return SchedulerLease(name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl)
@@ -274,7 +287,8 @@ class SchedulerStorage(Protocol):
     # the scope's lock
     async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
         """Takes the lease `name` for `holder` until the database's now plus `ttl` when it is
-        free or expired, or renews it when `holder` holds it; None when another holder holds
+        free, expired, or held by an earlier incarnation of `holder`'s lineage (`lease_for`),
+        or renews it when `holder` holds it; None when another holder holds
         it and it has not expired. Atomic: of two holders acquiring at once, one wins."""
 
     async def release_lease(self, name: str, holder: str) -> bool:

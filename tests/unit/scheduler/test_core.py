@@ -321,6 +321,23 @@ def test_lock__a_second_scheduler_runs_nothing_and_refuses_changes_until_it_is_f
     run(scenario)
 
 
+def test_lock__a_restarted_actor_takes_its_predecessors_lease_over_at_once() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        before = h.new_core("actor-1/0001")
+        await before.start(loops=False)
+        restarted = h.new_core("actor-1/0002")  # the same actor's next incarnation
+        await restarted.start(loops=False)
+        assert restarted.lock.held
+        await restarted.schedule("m", JOB, {}, Every.hours(1))  # not NOT_LOCK_HOLDER
+        assert not await before.lock.keep()  # an earlier incarnation never takes it back
+        other = h.new_core("actor-2/0003")  # another actor waits for the lease to expire
+        await other.start(loops=False)
+        assert not other.lock.held
+
+    run(scenario)
+
+
 def test_loops__run_on_their_own_and_stop_at_close() -> None:
     async def scenario() -> None:
         h = Harness(manifest_cycle=0.02, dispatch_interval=0.01)
