@@ -20,6 +20,7 @@ import uuid
 from choreography_ray.logs import get_logger
 from choreography_ray.model import ResumeAfter
 from choreography_ray.scheduler import checkpoints, dispatching, replay
+from choreography_ray.scheduler.lock import lapsed
 from choreography_ray.scheduler.manifest_manager import HISTORY_RUNS, chain_checkpoints
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import DispatchError, JobsPort
@@ -54,7 +55,10 @@ class Dispatcher:
         for entry in claimed:
             try:
                 await self.dispatch(entry, stuck)
-            except Exception:
+            except Exception as error:
+                if lapsed(error):  # its claimed entries are handed back by the next holder
+                    log.warning("scheduler/%s: the lock lapsed: the dispatch stops", self.scope)
+                    break
                 log.exception("scheduler/%s: dispatching entry %s of %r failed", self.scope,
                               entry.id, entry.manifest)  # fmt: skip
         return len(claimed)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import checkpoints, cycle, failures
 from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue
+from choreography_ray.scheduler.lock import lapsed
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import JobsPort, JobView, run_status_of
 from choreography_ray.scheduler.records import (
@@ -158,7 +159,10 @@ class ManifestManager:
         for manifest in await self.storage.list_manifests(self.scope):
             try:
                 await self.manifest_turn(manifest)
-            except Exception:
+            except Exception as error:
+                if lapsed(error):
+                    log.warning("scheduler/%s: the lock lapsed: the cycle stops", self.scope)
+                    return
                 log.exception("scheduler/%s: the cycle of manifest %r failed", self.scope,
                               manifest.name)  # fmt: skip
         now = await self.storage.now()
@@ -185,7 +189,8 @@ class ManifestManager:
             letter = DeadLetter(scope=self.scope, manifest=manifest.name, reason=decided.reason,
                                 retry_count_at_dead_letter=decided.retry_count,
                                 run_id=decided.run_id, dead_lettered_at=now)  # fmt: skip
-            await self.storage.add_dead_letter(letter)
+            if not await self.storage.add_dead_letter(letter):
+                return  # another scheduler's cycle dead-lettered it first
             log.warning("scheduler/%s: manifest %r dead-lettered: %s", self.scope,
                         manifest.name, decided.reason)  # fmt: skip
 

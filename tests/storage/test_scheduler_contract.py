@@ -305,6 +305,22 @@ async def test_dead_letters__resolved_once_then_cleaned_up(sched: SchedulerStora
     assert await sched.get_dead_letter(letter.id) is None
 
 
+async def test_dead_letters__one_awaiting_per_manifest(sched: SchedulerStorage) -> None:
+    def letter(name: str = "m") -> DeadLetter:
+        return DeadLetter(scope=SCOPE, manifest=name, retry_count_at_dead_letter=1, reason="r")
+
+    first = letter()
+    assert await sched.add_dead_letter(first)
+    assert not await sched.add_dead_letter(letter())  # two schedulers' cycles, say
+    assert await sched.add_dead_letter(letter("other"))
+    settled = letter().model_copy(update={"status": DeadLetterStatus.RETRIED, "resolved_at": T0})
+    assert await sched.add_dead_letter(settled)  # a resolved one is no rival
+    awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+    assert [d.id for d in await sched.list_dead_letters(SCOPE, "m", awaiting)] == [first.id]
+    await sched.resolve_dead_letter(first.id, DeadLetterStatus.ACKNOWLEDGED, "seen")
+    assert await sched.add_dead_letter(letter())
+
+
 async def test_decisions__the_first_answer_for_a_key_stays(sched: SchedulerStorage) -> None:
     first = Decision(run_id="r", scope=SCOPE, manifest="m", question="q", state_hash="h",
                      answer={"pick": "a"})  # fmt: skip

@@ -17,7 +17,9 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
                     (scope, manifest, queued_at), (scope, queued_at), (replays), (job_id),
                     (scope, manifest, status) for `runs_in_play`.
     dead_letters    key id. scope, manifest, status, resolved_at. Indexes (scope, manifest,
-                    status), (status, resolved_at).
+                    status), (status, resolved_at). At most one AWAITING_INTERVENTION per
+                    manifest: a unique partial index in SQLite, a keyed marker document in
+                    MongoDB (`dead_letter_keys`).
     decisions       key (run_id, decision key): the first answer recorded for a key stays.
     checkpoints     key (run_id, stage).
     scheduler_locks key name ("scheduler/{scope}"): holder, acquired_at, expires_at (the
@@ -252,7 +254,9 @@ class SchedulerStorage(Protocol):
         no scheduler run."""
 
     # dead letters
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None: ...
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
+        """Stores an AWAITING_INTERVENTION dead letter; False (nothing stored) when another of
+        its manifest awaits already: one per manifest, as a unique key."""
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None: ...
 

@@ -199,8 +199,14 @@ class MemorySchedulerStorage:
         # A scan: the reference holds few runs, and a step host asks once per job.
         return next((r for r in self.runs.values() if r.job_id == job_id), None)
 
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
+        awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+        key = (dead_letter.scope, dead_letter.manifest, awaiting)
+        rivals = [d for d in self.dead_letters.values() if (d.scope, d.manifest, d.status) == key]
+        if dead_letter.status is awaiting and rivals:
+            return False
         self.dead_letters[dead_letter.id] = dead_letter
+        return True
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         return self.dead_letters.get(dead_letter_id)

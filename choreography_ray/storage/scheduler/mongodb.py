@@ -11,6 +11,10 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
     runs              `_id` run id. Indexes (scope, manifest, queued_at), (scope, queued_at),
                       (replays), (job_id), (scope, manifest, status).
     dead_letters      `_id` id. Indexes (scope, manifest, status), (status, resolved_at).
+    dead_letter_keys  one marker per manifest with a dead letter AWAITING_INTERVENTION: `_id`
+                      '["{scope}", "{manifest}"]', dead_letter_id. Inserted before the dead
+                      letter, deleted when it is resolved; a marker whose dead letter is not
+                      awaiting (or was never written) is taken over.
     decisions         `_id` "{run_id}/{key}". Index (run_id).
     checkpoints       `_id` "{run_id}/{stage}". Index (run_id, stage).
     scheduler_locks   `_id` lease name ("scheduler/{scope}"). Taken by an insert (a second
@@ -88,6 +92,7 @@ _INDEXES = {
     "checkpoints": ["run_id stage"],
 }
 _QUEUED = WorkStatus.QUEUED.value
+_AWAITING = DeadLetterStatus.AWAITING_INTERVENTION.value
 
 
 def _iso(at: datetime) -> str:
@@ -414,9 +419,33 @@ class MongoSchedulerStorage:
         return _parse(ManifestRun, "runs", doc)
 
     # dead letters
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
         doc = _doc(dead_letter, dead_letter.id)
-        await self._run(lambda db: db.dead_letters.insert_one(doc))
+        key = {"_id": _manifest_id(dead_letter.scope, dead_letter.manifest)}
+
+        def write(db: Database[Doc]) -> bool:
+            # The marker first: one awaiting dead letter per manifest. A marker whose dead
+            # letter was resolved, or never written, is stale and taken over.
+            if dead_letter.status.value != _AWAITING:
+                db.dead_letters.insert_one(doc)
+                return True
+            try:
+                db.dead_letter_keys.insert_one({**key, "dead_letter_id": dead_letter.id})
+            except mongo.DuplicateKeyError:
+                held = db.dead_letter_keys.find_one(key) or {}
+                holder = db.dead_letters.find_one({"_id": held.get("dead_letter_id")})
+                if holder is not None and holder.get("status") == _AWAITING:
+                    return False
+                swapped = db.dead_letter_keys.replace_one(
+                    {**key, "dead_letter_id": held.get("dead_letter_id")},
+                    {**key, "dead_letter_id": dead_letter.id},
+                )
+                if not swapped.matched_count:
+                    return False  # another took it over first
+            db.dead_letters.insert_one(doc)
+            return True
+
+        return await self._run(write)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         doc = await self._run(lambda db: db.dead_letters.find_one({"_id": dead_letter_id}))
@@ -439,11 +468,14 @@ class MongoSchedulerStorage:
     ) -> DeadLetter | None:
         def write(db: Database[Doc]) -> Doc | None:
             change = {"status": status.value, "resolved_at": _iso(_server_now(db)), "note": note}
-            return db.dead_letters.find_one_and_update(
-                {"_id": dead_letter_id, "status": DeadLetterStatus.AWAITING_INTERVENTION.value},
+            resolved = db.dead_letters.find_one_and_update(
+                {"_id": dead_letter_id, "status": _AWAITING},
                 {"$set": change},
                 return_document=ReturnDocument.AFTER,
             )
+            if resolved is not None:
+                db.dead_letter_keys.delete_one({"dead_letter_id": dead_letter_id})
+            return resolved
 
         return _parse(DeadLetter, "dead_letters", await self._run(write))
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
+from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.manifest_manager import new_run
 from choreography_ray.scheduler.port import JobView
 from choreography_ray.scheduler.records import WorkEntry
@@ -167,5 +168,29 @@ def test_requeue__after_a_failing_resolution_a_second_requeue_queues_no_second_r
         requeued = [r for r in await h.core.runs("m") if r.kind is EntryKind.DEAD_LETTER_REQUEUE]
         assert [r.id for r in requeued] == [run_id]
         assert len(await h.storage.queued_entries("s", "m")) == 1
+
+    run(scenario)
+
+
+def test_a_lock_that_lapses_in_the_middle_of_a_cycle_stops_its_writes() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        monotonic = [0.0]
+        h.core = core = SchedulerCore("s", h.storage, h.jobs, h.options, holder="h",
+                                      monotonic=lambda: monotonic[0])  # fmt: skip
+        await core.start(loops=False)
+        for name in ("a", "b"):
+            await core.schedule(name, JOB, {}, Every.hours(1))
+        real = h.storage.enqueue
+
+        async def enqueue_then_lapse(*args: Any, **kwargs: Any) -> Any:
+            done = await real(*args, **kwargs)
+            monotonic[0] += h.options.lock_ttl.total_seconds() + 1  # no renewal came in time
+            return done
+
+        h.storage.enqueue = enqueue_then_lapse  # type: ignore[method-assign]
+        await core.run_cycle()
+        assert [e.manifest for e in await h.storage.queued_entries("s")] == ["a"]
+        assert not await core.run_cycle()  # and nothing more until it holds the lock again
 
     run(scenario)
