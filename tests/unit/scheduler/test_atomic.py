@@ -8,6 +8,8 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from choreography_ray.scheduler.core import SchedulerCore
 from choreography_ray.scheduler.manifest_manager import new_run
 from choreography_ray.scheduler.port import JobView
@@ -141,33 +143,22 @@ def test_requeue__a_failing_enqueue_leaves_the_dead_letter_awaiting_a_second_req
     run(scenario)
 
 
-def test_requeue__a_failing_resolution_is_completed_by_the_next_cycle_with_one_run() -> None:
+@pytest.mark.parametrize("completed_by", ["the next cycle", "a second requeue"])
+def test_requeue__a_failing_resolution_is_completed_with_its_one_run(completed_by: str) -> None:
     async def scenario() -> None:
         h = Harness()
         letter = await dead_lettered(h)
         fail_once(h, "resolve_dead_letter")
         with contextlib.suppress(Fault):
             await h.core.requeue(letter)
-        await h.core.run_cycle()
+        if completed_by == "the next cycle":
+            await h.core.run_cycle()
+        else:
+            assert await h.core.requeue(letter) == letter  # its run has the dead letter's id
         (resolved,) = await h.core.dead_letters("m")
         assert resolved.status is DeadLetterStatus.RETRIED
         requeued = [r for r in await h.core.runs("m") if r.kind is EntryKind.DEAD_LETTER_REQUEUE]
-        assert len(requeued) == 1
-
-    run(scenario)
-
-
-def test_requeue__after_a_failing_resolution_a_second_requeue_queues_no_second_run() -> None:
-    async def scenario() -> None:
-        h = Harness()
-        letter = await dead_lettered(h)
-        fail_once(h, "resolve_dead_letter")
-        with contextlib.suppress(Fault):
-            await h.core.requeue(letter)
-        run_id = await h.core.requeue(letter)
-        requeued = [r for r in await h.core.runs("m") if r.kind is EntryKind.DEAD_LETTER_REQUEUE]
-        assert [r.id for r in requeued] == [run_id]
-        assert len(await h.storage.queued_entries("s", "m")) == 1
+        assert [r.id for r in requeued] == [letter]
 
     run(scenario)
 

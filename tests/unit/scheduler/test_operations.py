@@ -231,11 +231,15 @@ def test_a_checkpoint_lookup_that_fails_reruns_the_retry_from_the_top() -> None:
     run(scenario)
 
 
-def test_dispatch__a_start_whose_answer_is_lost_is_that_job_never_a_second() -> None:
+@pytest.mark.parametrize("answer", ["lost", "past the deadline"])
+def test_dispatch__a_start_whose_answer_never_came_is_that_job_never_a_second(answer: str) -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = Harness(dispatch_timeout=0.05)
         h.jobs.ends_as = JobView(JobStatus.RUNNING)
-        h.jobs.lost_answers = 1
+        if answer == "lost":
+            h.jobs.lost_answers = 1
+        else:
+            h.jobs.slow = {"default"}
         core = await h.start()
         await core.schedule("m", JOB, {}, Every.hours(1))
         await h.run_for(30)
@@ -260,21 +264,6 @@ def test_dispatch__a_stuck_jobs_manager_holds_up_no_other_namespace() -> None:
                           "b": RunStatus.RUNNING}  # fmt: skip
         assert len(h.jobs.attempts) == 2  # a2's start was not tried behind a1's
         assert (await core.trigger("b")).already_dispatched  # operations move too
-
-    run(scenario)
-
-
-def test_dispatch__a_start_answered_past_the_deadline_is_that_job() -> None:
-    async def scenario() -> None:
-        h = Harness(dispatch_timeout=0.05)
-        h.jobs.ends_as = JobView(JobStatus.RUNNING)
-        h.jobs.slow = {"default"}
-        core = await h.start()
-        await core.schedule("m", JOB, {}, Every.hours(1))
-        await h.run_for(30)
-        (only,) = await core.runs("m")
-        assert only.status is RunStatus.RUNNING
-        assert [s.job_id for s in h.jobs.started] == [only.job_id]
 
     run(scenario)
 
