@@ -38,7 +38,7 @@ from choreography_ray.types import type_path
 T = TypeVar("T")
 
 #: Operations that may have run before an answer lost to an actor restart: not repeated.
-_NOT_REPEATED = frozenset({"requeue", "requeue_execution", "resume_execution"})
+_NOT_REPEATED = frozenset({"requeue", "requeue_all", "requeue_execution", "resume_execution"})
 
 
 def job_type_and_request(
@@ -150,6 +150,20 @@ class AsyncScheduler:
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         await self._call("acknowledge", dead_letter_id, note)
 
+    async def requeue_all(
+        self, name: str | None = None, ask_afresh: bool = False
+    ) -> builtins.list[str]:
+        """Requeues every dead letter awaiting intervention (of manifest `name`, or of the
+        scope), oldest first; the new runs' ids."""
+        run_ids: builtins.list[str] = await self._call("requeue_all", name, ask_afresh)
+        return run_ids
+
+    async def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        """Acknowledges every dead letter awaiting intervention (of manifest `name`, or of the
+        scope) with `note`; how many."""
+        count: int = await self._call("acknowledge_all", name, note)
+        return count
+
     async def requeue_execution(self, run_id: str, ask_afresh: bool = False) -> RequeueResult:
         result: RequeueResult = await self._call("requeue_execution", run_id, ask_afresh)
         return result
@@ -224,6 +238,12 @@ class Scheduler:
 
     def acknowledge(self, dead_letter_id: str, note: str) -> None:
         self._run(self._inner.acknowledge(dead_letter_id, note))
+
+    def requeue_all(self, name: str | None = None, ask_afresh: bool = False) -> builtins.list[str]:
+        return self._run(self._inner.requeue_all(name, ask_afresh))
+
+    def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        return self._run(self._inner.acknowledge_all(name, note=note))
 
     def requeue_execution(self, run_id: str, ask_afresh: bool = False) -> RequeueResult:
         return self._run(self._inner.requeue_execution(run_id, ask_afresh))

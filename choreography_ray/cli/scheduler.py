@@ -290,5 +290,47 @@ def acknowledge(
     console.print(f"dead letter {dead_letter_id} acknowledged", highlight=False, soft_wrap=True)
 
 
+@app.command("requeue-all")
+def requeue_all(
+    manifest: Annotated[
+        str | None, typer.Argument(help="Only this manifest's (default: the whole scope's).")
+    ] = None,
+    ask_afresh: Annotated[
+        bool, typer.Option(help="Ask their deciders afresh rather than replay the failed runs.")
+    ] = False,
+    storage: StorageOption = None,
+    scope: ScopeOption = DEFAULT_SCOPE,
+    address: AddressOption = None,
+    ray_namespace: RayNamespaceOption = DEFAULT_NAMESPACE,
+    as_json: JsonOption = False,
+) -> None:
+    """Retry every dead letter awaiting intervention at once, oldest first."""
+    run_ids = _act(storage, scope, address, ray_namespace,
+                   lambda s: s.requeue_all(manifest, ask_afresh))  # fmt: skip
+    if as_json:
+        return typer.echo(json.dumps({"run_ids": run_ids}))
+    console.print(f"{len(run_ids)} dead letter(s) requeued", highlight=False, soft_wrap=True)
+
+
+@app.command("acknowledge-all")
+def acknowledge_all(
+    note: Annotated[str, typer.Option(help="Why they are acknowledged (kept with each).")],
+    manifest: Annotated[
+        str | None, typer.Argument(help="Only this manifest's (default: the whole scope's).")
+    ] = None,
+    storage: StorageOption = None,
+    scope: ScopeOption = DEFAULT_SCOPE,
+    address: AddressOption = None,
+    ray_namespace: RayNamespaceOption = DEFAULT_NAMESPACE,
+    as_json: JsonOption = False,
+) -> None:
+    """Resolve every dead letter awaiting intervention without a retry."""
+    count = _act(storage, scope, address, ray_namespace,
+                 lambda s: s.acknowledge_all(manifest, note=note))  # fmt: skip
+    if as_json:
+        return typer.echo(json.dumps({"acknowledged": count}))
+    console.print(f"{count} dead letter(s) acknowledged", highlight=False, soft_wrap=True)
+
+
 def register(root: typer.Typer) -> None:
     root.add_typer(app)

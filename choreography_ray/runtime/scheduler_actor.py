@@ -165,6 +165,12 @@ class SchedulerActor:
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         await self.core.acknowledge(dead_letter_id, note)
 
+    async def requeue_all(self, name: str | None, ask_afresh: bool) -> builtins.list[str]:
+        return await self.core.requeue_all(name, ask_afresh)
+
+    async def acknowledge_all(self, name: str | None, note: str) -> int:
+        return await self.core.acknowledge_all(name, note=note)
+
     async def requeue_execution(self, run_id: str, ask_afresh: bool) -> RequeueResult:
         return await self.core.requeue_execution(run_id, ask_afresh)
 

@@ -163,6 +163,13 @@ class SchedulerCore:
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         await self._change("acknowledge", lambda: self.ops.acknowledge(dead_letter_id, note))
 
+    async def requeue_all(self, name: str | None = None, ask_afresh: bool = False) -> list[str]:
+        return await self._change("requeue all", lambda: self.ops.requeue_all(name, ask_afresh))
+
+    async def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        return await self._change("acknowledge all",
+                                  lambda: self.ops.acknowledge_all(name, note=note))  # fmt: skip
+
     async def requeue_execution(self, run_id: str, ask_afresh: bool = False) -> RequeueResult:
         return await self._change(
             "requeue execution", lambda: self.ops.requeue_execution(run_id, ask_afresh)

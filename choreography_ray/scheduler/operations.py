@@ -197,6 +197,25 @@ class Operations:
         # An entry that holds no manifest key is never refused.
         await self.storage.enqueue(entry, run)
 
+    async def requeue_all(self, name: str | None = None, ask_afresh: bool = False) -> list[str]:
+        """Requeues every dead letter awaiting intervention, of manifest `name` or of the whole
+        scope, oldest first, each as `requeue` does; the new runs' ids."""
+        return [await self.requeue(d.id, ask_afresh) for d in await self._awaiting(name)]
+
+    async def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        """Acknowledges every dead letter awaiting intervention, of manifest `name` or of the
+        whole scope, with `note`; how many."""
+        letters = await self._awaiting(name)
+        for letter in letters:
+            await self.acknowledge(letter.id, note)
+        return len(letters)
+
+    async def _awaiting(self, name: str | None) -> list[DeadLetter]:
+        if name is not None:
+            await self.manifest(name)  # an unknown manifest is refused, not "none awaiting"
+        awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+        return list(reversed(await self.storage.list_dead_letters(self.scope, name, awaiting)))
+
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         letter = await self.dead_letter(dead_letter_id)
         resolved = await self.storage.resolve_dead_letter(

@@ -282,3 +282,45 @@ def test_schedule__a_setting_out_of_range_is_the_callers_error(settings: dict[st
         assert await core.manifests() == []
 
     run(scenario)
+
+
+async def dead_lettered_manifests(h: Harness, *names: str) -> SchedulerCore:
+    """Manifests dead-lettered on their first failure."""
+    h.jobs.ends_as = FAILS
+    core = await h.start()
+    for name in names:
+        await core.schedule(name, JOB, {}, Every.hours(1), max_retries=0)
+    await h.run_for(1.5)
+    assert len(await core.dead_letters(status=DeadLetterStatus.AWAITING_INTERVENTION)) == len(names)
+    return core
+
+
+def test_requeue_all__every_awaiting_dead_letter_of_the_scope_or_of_a_manifest() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core = await dead_lettered_manifests(h, "a", "b", "c")
+        assert len(await core.requeue_all("a")) == 1
+        run_ids = await core.requeue_all()
+        assert len(run_ids) == 2
+        assert {r.manifest for r in await core.runs() if r.id in run_ids} == {"b", "c"}
+        assert {d.status for d in await core.dead_letters()} == {DeadLetterStatus.RETRIED}
+        assert await core.requeue_all() == []
+        with pytest.raises(SchedulerOperationError) as unknown:
+            await core.requeue_all("nope")
+        assert unknown.value.error is SchedulerError.MANIFEST_NOT_FOUND
+
+    run(scenario)
+
+
+def test_acknowledge_all__every_awaiting_dead_letter_with_the_note() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        core = await dead_lettered_manifests(h, "a", "b")
+        assert await core.acknowledge_all("a", note="known outage") == 1
+        assert await core.acknowledge_all(note="all seen") == 1
+        notes = {d.manifest: (d.status, d.note) for d in await core.dead_letters()}
+        assert notes == {"a": (DeadLetterStatus.ACKNOWLEDGED, "known outage"),
+                         "b": (DeadLetterStatus.ACKNOWLEDGED, "all seen")}  # fmt: skip
+        assert await core.acknowledge_all(note="again") == 0
+
+    run(scenario)
