@@ -106,16 +106,18 @@ class AsyncScheduler:
         failure_window: timedelta | None = None,
         replay_decisions_on_retry: bool | None = None,
         enabled: bool | None = None,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 (a manifest's setting, not a deadline)
     ) -> Manifest:
         """Upserts the manifest: its job type, request, schedule and namespace always; of its
         settings those stated here (an unstated one keeps its stored value; a new manifest
-        takes the default)."""
+        takes the default). `timeout`: how long a run may take from its start (a run past it
+        is stopped and settled CANCELLED; None: `SchedulerOptions.default_run_timeout`)."""
         schedule = schedule_of(every=every, cron=cron, tz=tz, once_at=once_at, after=after)
         path, payload = job_type_and_request(job_type, request)
         settings = {"namespace": namespace, "max_retries": max_retries,
                     "failure_window": failure_window,
                     "replay_decisions_on_retry": replay_decisions_on_retry,
-                    "enabled": enabled}  # fmt: skip
+                    "enabled": enabled, "timeout": timeout}  # fmt: skip
         manifest: Manifest = await self._call("schedule", name, path, payload, schedule, settings)
         return manifest
 
@@ -207,13 +209,14 @@ class Scheduler:
         failure_window: timedelta | None = None,
         replay_decisions_on_retry: bool | None = None,
         enabled: bool | None = None,
+        timeout: timedelta | None = None,
     ) -> Manifest:
         """As `AsyncScheduler.schedule`."""
         return self._run(self._inner.schedule(
             name, job_type, request, every=every, cron=cron, tz=tz, once_at=once_at,
             after=after, namespace=namespace, max_retries=max_retries,
             failure_window=failure_window, replay_decisions_on_retry=replay_decisions_on_retry,
-            enabled=enabled,
+            enabled=enabled, timeout=timeout,
         ))  # fmt: skip
 
     def manifests(self) -> builtins.list[Manifest]:

@@ -94,6 +94,11 @@ class RayJobsPort:
                                         state.progress.stages, resumed)  # fmt: skip
         return views
 
+    async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
+        manager = await asyncio.to_thread(actors.manager_actor, scope, namespace,
+                                          *self._manager_args)  # fmt: skip
+        await manager.operate.remote(job_id, "stop")
+
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         # Only a job type that drops records is held (the manager decides so at its start).
         try:

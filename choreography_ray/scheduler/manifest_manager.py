@@ -12,7 +12,7 @@ A manifest whose turn fails is logged by name and holds up no other.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from choreography_ray.logs import get_logger
@@ -178,7 +178,8 @@ class ManifestManager:
         now = await self.storage.now()
         history = await gather(self.storage, manifest, self.options, now,
                                checkpoint_stages=opts_in)  # fmt: skip
-        if await self._settle(history):
+        limit = manifest.timeout or self.options.default_run_timeout
+        if await self._settle(history, limit):
             now = await self.storage.now()
             history = await gather(self.storage, manifest, self.options, now,
                                    checkpoint_stages=opts_in)  # fmt: skip
@@ -218,8 +219,9 @@ class ManifestManager:
             layout=checkpoints.layout_of(view.stages), completed_at=now,
         ))  # fmt: skip
 
-    async def _settle(self, history: History) -> bool:
-        """Settles the runs whose jobs ended, hands back runs an earlier activation claimed
+    async def _settle(self, history: History, limit: timedelta | None = None) -> bool:
+        """Settles the runs whose jobs ended, stops those running past `limit` (settled
+        CANCELLED once their stop is final), hands back runs an earlier activation claimed
         but never started, and heals what a failure between two writes left (a waiting run
         whose entry was cancelled or never written; a queued entry whose run was never
         written); whether anything changed."""
@@ -234,6 +236,7 @@ class ManifestManager:
                 view = views.get(run.job_id)
                 status = run_status_of(view)
                 if status is None:
+                    changed |= await self._time_out(run, limit, now)
                     continue
                 update: dict[str, Any] = {"status": status, "ended_at": now, "error": None}
                 if view is None:
@@ -267,6 +270,24 @@ class ManifestManager:
                                    "its job was started")  # fmt: skip
                 changed = True
         return changed
+
+    async def _time_out(self, run: ManifestRun, limit: timedelta | None, now: datetime) -> bool:
+        """Stops the job of a run past its timeout `limit`, once; whether the run was marked.
+        A stop that fails is logged and asked again on the next cycle."""
+        started = run.started_at
+        if limit is None or started is None or run.timed_out_at or now - started < limit:
+            return False
+        assert run.job_id is not None
+        try:
+            await self.jobs.stop_job(run.scope, run.namespace, run.job_id)
+        except Exception as error:
+            log.warning("scheduler/%s: stopping job %s of run %s past its timeout (%s) failed: "
+                        "%s", self.scope, run.job_id, run.id, limit, error)  # fmt: skip
+            return False
+        log.info("scheduler/%s: run %s ran past its timeout (%s): its job %s is stopped",
+                 self.scope, run.id, limit, run.job_id)  # fmt: skip
+        await self.storage.save_run(run.model_copy(update={"timed_out_at": now}))
+        return True
 
     async def _resolve_requeued(self, history: History) -> bool:
         """Resolves RETRIED a dead letter whose requeue queued its run (the run has the dead

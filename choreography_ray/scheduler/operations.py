@@ -83,17 +83,19 @@ class Operations:
         failure_window: timedelta | None = None,
         replay_decisions_on_retry: bool | None = None,
         enabled: bool | None = None,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 (a manifest's setting, not a deadline)
     ) -> Manifest:
         """Upserts a manifest: its definition always, and of its settings those stated (not
         None); an unstated one keeps its stored value (a new manifest: its default). A setting
         out of range (`max_retries` below 0, a `failure_window` of zero or less, which would
         never dead-letter) is refused with `InvalidRequestError`, as Trax refuses it."""
-        if failure_window is not None and failure_window <= timedelta(0):
-            raise InvalidRequestError(f"manifest {name!r}: failure_window must be positive, "
-                                      f"not {failure_window}")  # fmt: skip
+        for setting, value in (("failure_window", failure_window), ("timeout", timeout)):
+            if value is not None and value <= timedelta(0):
+                raise InvalidRequestError(f"manifest {name!r}: {setting} must be positive, "
+                                          f"not {value}")  # fmt: skip
         settings = {"max_retries": max_retries, "failure_window": failure_window,
                     "replay_decisions_on_retry": replay_decisions_on_retry,
-                    "enabled": enabled}  # fmt: skip
+                    "enabled": enabled, "timeout": timeout}  # fmt: skip
         stated = {k for k, v in settings.items() if v is not None}
         defaults = {"max_retries": self.options.default_max_retries}
         now = await self.storage.now()

@@ -26,7 +26,9 @@ class _Record(BaseModel):
 
 
 #: The settings of a manifest an upsert writes only when code states them (the spec's rule).
-SETTINGS = frozenset({"max_retries", "failure_window", "replay_decisions_on_retry", "enabled"})
+SETTINGS = frozenset(
+    {"max_retries", "failure_window", "replay_decisions_on_retry", "enabled", "timeout"}
+)
 #: What defines a manifest: written on every upsert.
 DEFINITION = frozenset({"job_type", "request", "schedule", "namespace"})
 
@@ -50,6 +52,9 @@ class Manifest(_Record):
     failure_window: Duration | None = None
     replay_decisions_on_retry: bool = True
     enabled: bool = True
+    #: How long a run may take from its start: a run past it is stopped through the jobs
+    #: manager and settled CANCELLED. None: the scheduler's `default_run_timeout`.
+    timeout: Duration | None = None
     created: datetime = Field(default_factory=utcnow)
     updated: datetime = Field(default_factory=utcnow)
 
@@ -94,6 +99,9 @@ class ManifestRun(_Record):
     replay_abandoned: bool = False
     dispatch_attempts: int = 0
     error: str | None = None
+    #: When the scheduler stopped its job for running past its manifest's timeout (the run is
+    #: settled CANCELLED once the stop is final).
+    timed_out_at: datetime | None = None
 
     @property
     def counted_from(self) -> datetime:

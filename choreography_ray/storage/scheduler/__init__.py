@@ -6,8 +6,9 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
 
     manifests       key (scope, name). An upsert writes the definition (job_type, request,
                     schedule, namespace) always, and of the settings (max_retries,
-                    failure_window, replay_decisions_on_retry, enabled) only those stated in
-                    code; an unstated one keeps its stored value (new: its default).
+                    failure_window, replay_decisions_on_retry, enabled, timeout) only those
+                    stated in code; an unstated one keeps its stored value (new: its
+                    default).
     work_queue      key id. scope, manifest, status, holds_manifest_key, replays, resume_from,
                     scheduled_at, created_at. While QUEUED, at most one entry per manifest that
                     holds the manifest key, one per replayed run and one per resumed run:

@@ -75,6 +75,8 @@ class FakeJobs:
     checkpointing: set[str] = field(default_factory=set)
     #: Called with each started job's id, as the job's steps would run: before it returns.
     on_start: Callable[[str], Coroutine[Any, Any, None]] | None = None
+    #: Jobs stopped (a run past its timeout), in order.
+    stopped: list[str] = field(default_factory=list)
     #: Jobs released once their run settled, in order.
     released: list[str] = field(default_factory=list)
     #: Releases raise this (a jobs manager that cannot be reached).
@@ -120,6 +122,11 @@ class FakeJobs:
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         return {j: self.jobs[j] for j in job_ids if j in self.jobs}
+
+    async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
+        """As the manager does: the job is stopped, and (no step holding it) its stop final."""
+        self.stopped.append(job_id)
+        self.jobs[job_id] = JobView(JobStatus.STOPPED, stop_finalized=True)
 
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         if self.release_error is not None:

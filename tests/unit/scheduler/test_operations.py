@@ -324,3 +324,23 @@ def test_acknowledge_all__every_awaiting_dead_letter_with_the_note() -> None:
         assert await core.acknowledge_all(note="again") == 0
 
     run(scenario)
+
+
+@pytest.mark.parametrize("stated", ["on the manifest", "by default"])
+def test_timeout__a_run_past_it_is_stopped_and_settled_cancelled(stated: str) -> None:
+    async def scenario() -> None:
+        h = Harness(**({} if stated == "on the manifest" else {"default_run_timeout": 10}))
+        h.jobs.ends_as = JobView(JobStatus.RUNNING)  # it never ends on its own
+        core = await h.start()
+        limit = {"timeout": timedelta(seconds=10)} if stated == "on the manifest" else {}
+        await core.schedule("m", JOB, {}, Every.hours(1), **limit)  # type: ignore[arg-type]
+        await h.run_for(9)
+        (running,) = await core.runs("m")
+        assert running.status is RunStatus.RUNNING and h.jobs.stopped == []
+        await h.run_for(3)
+        (cancelled,) = await core.runs("m")
+        assert h.jobs.stopped == [running.job_id]
+        assert cancelled.status is RunStatus.CANCELLED and cancelled.timed_out_at is not None
+        assert not cancelled.is_retry and await core.dead_letters() == []  # no failure
+
+    run(scenario)
