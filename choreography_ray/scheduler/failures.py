@@ -29,11 +29,11 @@ def failure_window(manifest: Manifest, options: SchedulerOptions) -> timedelta:
     return manifest.failure_window or options.failure_count_window
 
 
-def latest_resolution(dead_letters: Iterable[DeadLetter]) -> datetime | None:
-    """When the manifest's latest resolved dead letter was resolved: failures before it are
-    set aside, so a requeued manifest starts fresh."""
-    resolved = [d.resolved_at for d in dead_letters if d.status.is_resolved and d.resolved_at]
-    return max(resolved, default=None)
+def latest_resolved(dead_letters: Iterable[DeadLetter]) -> DeadLetter | None:
+    """The manifest's latest resolved dead letter: failures before its resolution are set
+    aside, so a requeued manifest starts fresh."""
+    resolved = [d for d in dead_letters if d.status.is_resolved and d.resolved_at]
+    return max(resolved, key=lambda d: d.resolved_at or d.dead_lettered_at, default=None)
 
 
 def awaiting_intervention(dead_letters: Iterable[DeadLetter]) -> DeadLetter | None:
@@ -55,9 +55,12 @@ def counts(
     started = run.counted_from
     if started < now - failure_window(manifest, options):
         return False
-    resolved = latest_resolution(dead_letters)
-    # A requeue's run is queued in the instant of the resolution: it counts.
-    return resolved is None or started >= resolved
+    latest = latest_resolved(dead_letters)
+    if latest is None or latest.resolved_at is None:
+        return True
+    # The dead letter's own requeue (its run has the dead letter's id) is queued just before
+    # the resolution, and is the first run after it, started or not.
+    return run.id == latest.id or started >= latest.resolved_at
 
 
 def counted_failures(

@@ -10,7 +10,7 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.scheduler import failures
 from choreography_ray.scheduler.dispatching import after_dispatch_failure
 from choreography_ray.scheduler.options import SchedulerOptions
-from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, EntryKind, RunStatus
 from tests.unit.scheduler.factory import T0, dead_letter, failed, manifest, run
 
 OPTIONS = SchedulerOptions()
@@ -159,3 +159,15 @@ def test_scheduler_option_defaults_are_the_specs(name: str, default: object) -> 
 def test_scheduler_options_read_from_json_with_seconds() -> None:
     options = JobsOptions.model_validate({"scheduler": {"manifest_cycle": 0.5}})
     assert options.scheduler.manifest_cycle == timedelta(milliseconds=500)
+
+
+def test_a_requeues_run_that_never_started_counts_after_its_dead_letter() -> None:
+    """The requeue queues its run (with the dead letter's id), then resolves the dead letter:
+    the run is the first after the resolution even though it was queued just before it."""
+    letter = dead_letter(DeadLetterStatus.RETRIED, resolved_at=T0)
+    never_started = failed(T0 - timedelta(milliseconds=5), id=letter.id, started_at=None,
+                           kind=EntryKind.DEAD_LETTER_REQUEUE)  # fmt: skip
+    older = failed(T0 - timedelta(minutes=10))
+    counted = failures.counted_failures([never_started, older], manifest(), [letter], OPTIONS,
+                                        T0 + timedelta(minutes=1))  # fmt: skip
+    assert counted == [never_started]
