@@ -5,8 +5,12 @@ Per manifest of the scope: read its history (`gather`), settle its runs whose jo
 queue a work entry (a retry after its delay, on the database's clock) or dead-letter it. A run
 claimed by an earlier activation that died before its job was started (its entry DISPATCHED, the
 run still QUEUED) is handed back to the dispatcher as a dispatch that never reached the jobs
-manager. Each cycle also deletes resolved dead letters older than `dead_letter_retention`.
-A manifest whose turn fails is logged by name and holds up no other.
+manager. A run past its timeout has its job stopped (it settles CANCELLED once the stop is
+final). What a failure between two writes left heals here: a waiting run whose entry was
+cancelled or never written is CANCELLED, a queued entry whose run was never written is
+cancelled, and a dead letter whose requeue queued its run is resolved. Each cycle also deletes
+resolved dead letters older than `dead_letter_retention`. A manifest whose turn fails is logged
+by name and holds up no other; a lock that lapses stops the cycle.
 """
 
 from __future__ import annotations
