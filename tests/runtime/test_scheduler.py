@@ -110,6 +110,9 @@ def test_requeue__a_dead_letter_runs_at_once_and_its_count_starts_afresh(
         "a second dead letter",
     )
     assert again[0].run_id == run_id and again[0].retry_count_at_dead_letter == 1
+    # In bulk, through the actor: the one awaiting is acknowledged, and nothing is left.
+    assert sched.acknowledge_all("fails", note="seen") == 1
+    assert sched.requeue_all() == []
 
 
 def test_timeout__a_run_past_it_is_stopped_through_its_jobs_manager_and_cancelled(
