@@ -93,6 +93,8 @@ class SchedulerError(enum.StrEnum):
     DEAD_LETTER_ALREADY_RESOLVED = "DeadLetterAlreadyResolved"
     #: Another queued entry resumes the same run.
     RESUME_ALREADY_QUEUED = "ResumeAlreadyQueued"
+    #: Only a FAILED or CANCELLED run can be resumed (not one that succeeded or has not ended).
+    RUN_NOT_RESUMABLE = "RunNotResumable"
     #: This scheduler does not hold the scope's lock: another one (another cluster) runs it.
     NOT_LOCK_HOLDER = "NotLockHolder"
 

@@ -38,7 +38,7 @@ from choreography_ray.types import type_path
 T = TypeVar("T")
 
 #: Operations that may have run before an answer lost to an actor restart: not repeated.
-_NOT_REPEATED = frozenset({"requeue", "requeue_execution", "resume_execution"})
+_NOT_REPEATED = frozenset({"requeue", "requeue_all", "requeue_execution", "resume_execution"})
 
 
 def job_type_and_request(
@@ -106,16 +106,18 @@ class AsyncScheduler:
         failure_window: timedelta | None = None,
         replay_decisions_on_retry: bool | None = None,
         enabled: bool | None = None,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 (a manifest's setting, not a deadline)
     ) -> Manifest:
         """Upserts the manifest: its job type, request, schedule and namespace always; of its
         settings those stated here (an unstated one keeps its stored value; a new manifest
-        takes the default)."""
+        takes the default). `timeout`: how long a run may take from its start (a run past it
+        is stopped and settled CANCELLED; None: `SchedulerOptions.default_run_timeout`)."""
         schedule = schedule_of(every=every, cron=cron, tz=tz, once_at=once_at, after=after)
         path, payload = job_type_and_request(job_type, request)
         settings = {"namespace": namespace, "max_retries": max_retries,
                     "failure_window": failure_window,
                     "replay_decisions_on_retry": replay_decisions_on_retry,
-                    "enabled": enabled}  # fmt: skip
+                    "enabled": enabled, "timeout": timeout}  # fmt: skip
         manifest: Manifest = await self._call("schedule", name, path, payload, schedule, settings)
         return manifest
 
@@ -149,6 +151,20 @@ class AsyncScheduler:
 
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         await self._call("acknowledge", dead_letter_id, note)
+
+    async def requeue_all(
+        self, name: str | None = None, ask_afresh: bool = False
+    ) -> builtins.list[str]:
+        """Requeues every dead letter awaiting intervention (of manifest `name`, or of the
+        scope), oldest first; the new runs' ids."""
+        run_ids: builtins.list[str] = await self._call("requeue_all", name, ask_afresh)
+        return run_ids
+
+    async def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        """Acknowledges every dead letter awaiting intervention (of manifest `name`, or of the
+        scope) with `note`; how many."""
+        count: int = await self._call("acknowledge_all", name, note)
+        return count
 
     async def requeue_execution(self, run_id: str, ask_afresh: bool = False) -> RequeueResult:
         result: RequeueResult = await self._call("requeue_execution", run_id, ask_afresh)
@@ -193,13 +209,14 @@ class Scheduler:
         failure_window: timedelta | None = None,
         replay_decisions_on_retry: bool | None = None,
         enabled: bool | None = None,
+        timeout: timedelta | None = None,
     ) -> Manifest:
         """As `AsyncScheduler.schedule`."""
         return self._run(self._inner.schedule(
             name, job_type, request, every=every, cron=cron, tz=tz, once_at=once_at,
             after=after, namespace=namespace, max_retries=max_retries,
             failure_window=failure_window, replay_decisions_on_retry=replay_decisions_on_retry,
-            enabled=enabled,
+            enabled=enabled, timeout=timeout,
         ))  # fmt: skip
 
     def manifests(self) -> builtins.list[Manifest]:
@@ -224,6 +241,12 @@ class Scheduler:
 
     def acknowledge(self, dead_letter_id: str, note: str) -> None:
         self._run(self._inner.acknowledge(dead_letter_id, note))
+
+    def requeue_all(self, name: str | None = None, ask_afresh: bool = False) -> builtins.list[str]:
+        return self._run(self._inner.requeue_all(name, ask_afresh))
+
+    def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        return self._run(self._inner.acknowledge_all(name, note=note))
 
     def requeue_execution(self, run_id: str, ask_afresh: bool = False) -> RequeueResult:
         return self._run(self._inner.requeue_execution(run_id, ask_afresh))

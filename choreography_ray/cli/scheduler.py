@@ -244,7 +244,7 @@ def trigger(
     if as_json:
         return typer.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     if result.already_dispatched:
-        console.print(f"run {result.run_id} of {name} was already being dispatched; it "
+        console.print(f"run {result.run_id} of {name} is in flight already; it "
                       f"replays the decisions of {result.replay_decisions_of or 'no run'}",
                       highlight=False, soft_wrap=True)  # fmt: skip
     else:
@@ -288,6 +288,48 @@ def acknowledge(
     if as_json:
         return typer.echo(json.dumps({"dead_letter": dead_letter_id, "acknowledged": True}))
     console.print(f"dead letter {dead_letter_id} acknowledged", highlight=False, soft_wrap=True)
+
+
+@app.command("requeue-all")
+def requeue_all(
+    manifest: Annotated[
+        str | None, typer.Argument(help="Only this manifest's (default: the whole scope's).")
+    ] = None,
+    ask_afresh: Annotated[
+        bool, typer.Option(help="Ask their deciders afresh rather than replay the failed runs.")
+    ] = False,
+    storage: StorageOption = None,
+    scope: ScopeOption = DEFAULT_SCOPE,
+    address: AddressOption = None,
+    ray_namespace: RayNamespaceOption = DEFAULT_NAMESPACE,
+    as_json: JsonOption = False,
+) -> None:
+    """Retry every dead letter awaiting intervention at once, oldest first."""
+    run_ids = _act(storage, scope, address, ray_namespace,
+                   lambda s: s.requeue_all(manifest, ask_afresh))  # fmt: skip
+    if as_json:
+        return typer.echo(json.dumps({"run_ids": run_ids}))
+    console.print(f"{len(run_ids)} dead letter(s) requeued", highlight=False, soft_wrap=True)
+
+
+@app.command("acknowledge-all")
+def acknowledge_all(
+    note: Annotated[str, typer.Option(help="Why they are acknowledged (kept with each).")],
+    manifest: Annotated[
+        str | None, typer.Argument(help="Only this manifest's (default: the whole scope's).")
+    ] = None,
+    storage: StorageOption = None,
+    scope: ScopeOption = DEFAULT_SCOPE,
+    address: AddressOption = None,
+    ray_namespace: RayNamespaceOption = DEFAULT_NAMESPACE,
+    as_json: JsonOption = False,
+) -> None:
+    """Resolve every dead letter awaiting intervention without a retry."""
+    count = _act(storage, scope, address, ray_namespace,
+                 lambda s: s.acknowledge_all(manifest, note=note))  # fmt: skip
+    if as_json:
+        return typer.echo(json.dumps({"acknowledged": count}))
+    console.print(f"{count} dead letter(s) acknowledged", highlight=False, soft_wrap=True)
 
 
 def register(root: typer.Typer) -> None:

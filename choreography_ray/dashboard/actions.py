@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from choreography_ray.client import AsyncJobsManager, call_actor
 from choreography_ray.errors import (
@@ -31,6 +32,8 @@ from choreography_ray.runtime.names import DEFAULT_NAMESPACE, manager_name, sche
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler_client import AsyncScheduler
 from choreography_ray.storage import redact_url
+
+T = TypeVar("T")
 
 
 class JobOperation(enum.StrEnum):
@@ -80,6 +83,11 @@ class Actions(Protocol):
     async def requeue(self, scope: str, dead_letter_id: str, ask_afresh: bool) -> str: ...
 
     async def acknowledge(self, scope: str, dead_letter_id: str, note: str) -> str: ...
+
+    async def requeue_all(self, scope: str, manifest: str | None, ask_afresh: bool) -> str:
+        """Every dead letter awaiting intervention, of `manifest` or of the scope."""
+
+    async def acknowledge_all(self, scope: str, manifest: str | None, note: str) -> str: ...
 
     async def scheduler_options(self, scope: str) -> SchedulerOptions | None:
         """The options of the scope's running scheduler, or None when none runs."""
@@ -143,24 +151,32 @@ class RayActions:
                 self._managers.pop((scope, namespace), None)  # found afresh next time
             raise refusal(error) from error
 
-    async def requeue(self, scope: str, dead_letter_id: str, ask_afresh: bool) -> str:
+    async def _on_scheduler(self, scope: str, call: Callable[[AsyncScheduler], Awaitable[T]]) -> T:
+        """`call` on the scope's scheduler; its error as the page shows it."""
         scheduler = await self._scheduler(scope)
         try:
-            run_id = await scheduler.requeue(dead_letter_id, ask_afresh)
+            return await call(scheduler)
         except ChoreographyError as error:
             self._forget_scheduler(scope, error)
             raise refusal(error) from error
+
+    async def requeue(self, scope: str, dead_letter_id: str, ask_afresh: bool) -> str:
+        run_id = await self._on_scheduler(scope, lambda s: s.requeue(dead_letter_id, ask_afresh))
         afresh = ", asking its deciders afresh" if ask_afresh else ""
         return f"Dead letter {dead_letter_id} requeued as run {run_id}{afresh}"
 
     async def acknowledge(self, scope: str, dead_letter_id: str, note: str) -> str:
-        scheduler = await self._scheduler(scope)
-        try:
-            await scheduler.acknowledge(dead_letter_id, note)
-        except ChoreographyError as error:
-            self._forget_scheduler(scope, error)
-            raise refusal(error) from error
+        await self._on_scheduler(scope, lambda s: s.acknowledge(dead_letter_id, note))
         return f"Dead letter {dead_letter_id} acknowledged"
+
+    async def requeue_all(self, scope: str, manifest: str | None, ask_afresh: bool) -> str:
+        run_ids = await self._on_scheduler(scope, lambda s: s.requeue_all(manifest, ask_afresh))
+        afresh = ", asking their deciders afresh" if ask_afresh else ""
+        return f"{len(run_ids)} dead letter(s) requeued{afresh}"
+
+    async def acknowledge_all(self, scope: str, manifest: str | None, note: str) -> str:
+        count = await self._on_scheduler(scope, lambda s: s.acknowledge_all(manifest, note=note))
+        return f"{count} dead letter(s) acknowledged"
 
     async def scheduler_options(self, scope: str) -> SchedulerOptions | None:
         try:

@@ -83,7 +83,7 @@ async def manifests_page(request: Request) -> Response:
     now = await storage.now()
     rows = []
     for manifest in await storage.list_manifests(scope):
-        history = await gather(storage, manifest)
+        history = await gather(storage, manifest, options, now)
         rows.append(ManifestRow(
             manifest, describe(manifest), cycle.outlook(manifest, history, options, now),
             history.runs[0] if history.runs else None, manifest.max_retries + 1,
@@ -131,8 +131,15 @@ async def dead_letters_page(request: Request) -> Response:
     return site.render(request, "dead_letters.html", context)
 
 
-async def _dead_letter(site: Site, request: Request) -> DeadLetter | Response:
+#: The dead letter id that names every one awaiting intervention (of `?manifest=`, or the scope).
+ALL = "all"
+
+
+async def _dead_letter(site: Site, request: Request) -> DeadLetter | Response | None:
+    """The dead letter of the path; None for `ALL`."""
     letter_id = request.path_params["dead_letter_id"]
+    if letter_id == ALL:
+        return None
     letter = await site.scheduler_storage.get_dead_letter(letter_id)
     if letter is None or letter.scope != request.path_params["scope"]:
         return site.error(request, 404, "No such dead letter", f"There is no dead letter "
@@ -147,15 +154,23 @@ def _operation(request: Request) -> DeadLetterOperation | None:
         return None
 
 
-def _confirmation(
+async def _confirmation(
     site: Site,
     request: Request,
-    letter: DeadLetter,
+    letter: DeadLetter | None,
     op: DeadLetterOperation,
     refused: ActionRefused | None = None,
     note: str = "",
+    manifest: str | None = None,
 ) -> Response:
-    context = {"letter": letter, "op": op, "refused": refused, "note": note,
+    """The confirmation of `op` on `letter`, or (None) on every dead letter awaiting
+    intervention of `manifest` or of the scope."""
+    scope = request.path_params["scope"]
+    awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+    bulk = [] if letter else await site.scheduler_storage.list_dead_letters(scope, manifest,
+                                                                            awaiting)  # fmt: skip
+    context = {"letter": letter, "op": op, "refused": refused, "note": note, "scope": scope,
+               "manifest": manifest, "awaiting": len(bulk), "all": ALL,
                "requeue": op is DeadLetterOperation.REQUEUE}  # fmt: skip
     return site.render(request, "confirm_dead_letter.html", context, 409 if refused else 200)
 
@@ -170,7 +185,8 @@ async def confirm_dead_letter(request: Request) -> Response:
         return letter
     if site.actions is None:
         return site.no_actions(request)
-    return _confirmation(site, request, letter, op)
+    manifest = request.query_params.get("manifest") or None
+    return await _confirmation(site, request, letter, op, manifest=manifest)
 
 
 async def do_dead_letter(request: Request) -> Response:
@@ -186,18 +202,22 @@ async def do_dead_letter(request: Request) -> Response:
     if isinstance(letter, Response):
         return letter
     note = str(form.get("note") or "").strip()
+    scope = request.path_params["scope"]
+    manifest = str(form.get("manifest") or "") or None
     try:
         if op is DeadLetterOperation.REQUEUE:
             afresh = form.get("ask_afresh") == "on"
-            message = await actions.requeue(letter.scope, letter.id, afresh)
+            message = await (actions.requeue(scope, letter.id, afresh) if letter
+                             else actions.requeue_all(scope, manifest, afresh))  # fmt: skip
         elif not note:
             needed = ActionRefused("NoteRequired", "an acknowledgement needs a note: say why")
-            return _confirmation(site, request, letter, op, needed)
+            return await _confirmation(site, request, letter, op, needed, manifest=manifest)
         else:
-            message = await actions.acknowledge(letter.scope, letter.id, note)
+            message = await (actions.acknowledge(scope, letter.id, note) if letter
+                             else actions.acknowledge_all(scope, manifest, note))  # fmt: skip
     except ActionRefused as refused:
-        return _confirmation(site, request, letter, op, refused, note)
-    target = _link("/schedules/dead-letters", scope=letter.scope)
+        return await _confirmation(site, request, letter, op, refused, note, manifest)
+    target = _link("/schedules/dead-letters", scope=scope, manifest=manifest or "")
     response = RedirectResponse(target, status_code=303)
     site.flash(response, message)
     return response

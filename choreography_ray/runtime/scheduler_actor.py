@@ -2,14 +2,16 @@
 
 It builds the core with the scheduler storage beside the job storage and `RayJobsPort`, the
 jobs port on the jobs manager of each manifest's namespace, and forwards its calls. Its holder
-of the scope's lock is this activation: the actor's id and a fresh token, so a restarted actor
-is a new holder and waits for its predecessor's lease to expire (at most `lock_ttl`).
+of the scope's lock is this activation: the actor's id and a token that sorts by its start, so
+a restarted actor (Ray keeps its id) takes its predecessor's lease over at once, and calls
+waiting across the restart are not refused `NOT_LOCK_HOLDER` for up to `lock_ttl`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import time
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -92,6 +94,11 @@ class RayJobsPort:
                                         state.progress.stages, resumed)  # fmt: skip
         return views
 
+    async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
+        manager = await asyncio.to_thread(actors.manager_actor, scope, namespace,
+                                          *self._manager_args)  # fmt: skip
+        await manager.operate.remote(job_id, "stop")
+
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         # Only a job type that drops records is held (the manager decides so at its start).
         try:
@@ -126,7 +133,9 @@ class SchedulerActor:
         storage = open_shared_storage(storage_url, ns)
         jobs = RayJobsPort(storage, storage_url, options_json, ns)
         actor_id = ray.get_runtime_context().get_actor_id()
-        holder = f"{actor_id}/{uuid.uuid4().hex[:12]}"
+        # A token that sorts by this activation's start: a restarted actor (same id) takes
+        # its predecessor's lease over at once (`lease_for`).
+        holder = f"{actor_id}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         self.core = SchedulerCore(
             scope, shared_scheduler_storage(storage), jobs, options.scheduler, holder=holder
         )
@@ -160,6 +169,12 @@ class SchedulerActor:
 
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         await self.core.acknowledge(dead_letter_id, note)
+
+    async def requeue_all(self, name: str | None, ask_afresh: bool) -> builtins.list[str]:
+        return await self.core.requeue_all(name, ask_afresh)
+
+    async def acknowledge_all(self, name: str | None, note: str) -> int:
+        return await self.core.acknowledge_all(name, note=note)
 
     async def requeue_execution(self, run_id: str, ask_afresh: bool) -> RequeueResult:
         return await self.core.requeue_execution(run_id, ask_afresh)

@@ -24,7 +24,7 @@ from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import failures
 from choreography_ray.scheduler.dispatcher import Dispatcher
-from choreography_ray.scheduler.lock import SchedulerLock, lock_name
+from choreography_ray.scheduler.lock import SchedulerLock, guarded, lock_name
 from choreography_ray.scheduler.manifest_manager import ManifestManager
 from choreography_ray.scheduler.operations import Operations
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -78,9 +78,10 @@ class SchedulerCore:
         self.turns = Turns()
         self.tasks = Supervisor(lock_name(scope))
         self.lock = SchedulerLock(storage, scope, holder, options.lock_ttl, monotonic)
-        self.dispatcher = Dispatcher(scope, storage, jobs, options)
-        self.manager = ManifestManager(scope, storage, jobs, options, self.dispatcher.failed)
-        self.ops = Operations(scope, storage, options, self.manager)
+        writes = guarded(storage, self.lock)  # each write checks the lock first
+        self.dispatcher = Dispatcher(scope, writes, jobs, options)
+        self.manager = ManifestManager(scope, writes, jobs, options, self.dispatcher.failed)
+        self.ops = Operations(scope, writes, options, self.manager)
         self._started = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -161,6 +162,13 @@ class SchedulerCore:
 
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         await self._change("acknowledge", lambda: self.ops.acknowledge(dead_letter_id, note))
+
+    async def requeue_all(self, name: str | None = None, ask_afresh: bool = False) -> list[str]:
+        return await self._change("requeue all", lambda: self.ops.requeue_all(name, ask_afresh))
+
+    async def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        return await self._change("acknowledge all",
+                                  lambda: self.ops.acknowledge_all(name, note=note))  # fmt: skip
 
     async def requeue_execution(self, run_id: str, ask_afresh: bool = False) -> RequeueResult:
         return await self._change(

@@ -90,6 +90,15 @@ class Release:
     clear_link: bool
 
 
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A trigger finds a run of the manifest in flight (claimed, running, waiting for another
+    dispatch attempt, or queued by an operator's requeue): it answers with that run and
+    queues nothing."""
+
+    run: ManifestRun
+
+
 Plan = Wait | Queue | DeadLetterIt
 
 
@@ -120,14 +129,14 @@ def plan(
         return Wait(WaitReason.DEAD_LETTERED)
     if _holding_entry(history.queued) is not None:
         return Wait(WaitReason.QUEUED)
-    if any(not r.status.is_finished for r in history.runs):
+    if in_flight(history.runs) is not None:
         return Wait(WaitReason.RUNNING)
     counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
     if failures.exceeds_retries(counted, manifest):
         reason = failures.dead_letter_reason(counted, manifest)
         return DeadLetterIt(reason, len(counted), counted[0].id)
     parent_success = latest_success(history.parent_runs)
-    settled = _settled(history, {r.id for r in counted})
+    settled = _settled(history)
     due = next_due(manifest, settled, now, parent_success)
     if due is None or due.at > now:
         return Wait(WaitReason.NOT_DUE)
@@ -150,9 +159,9 @@ def outlook(
         return Outlook(n, None, WaitReason.DEAD_LETTERED)
     if (entry := _holding_entry(history.queued)) is not None:
         return Outlook(n, entry.scheduled_at or now, WaitReason.QUEUED)
-    if any(not r.status.is_finished for r in history.runs):
+    if in_flight(history.runs) is not None:
         return Outlook(n, None, WaitReason.RUNNING)
-    settled = _settled(history, {r.id for r in counted})
+    settled = _settled(history)
     due = next_due(manifest, settled, now, latest_success(history.parent_runs))
     return Outlook(n, None, WaitReason.NOT_DUE) if due is None else Outlook(n, due.at)
 
@@ -165,12 +174,15 @@ def trigger(
     *,
     ask_afresh: bool = False,
     checkpoint_stages: bool = False,
-) -> Queue | Release:
+) -> Queue | Release | InFlight:
     """An off-schedule run: never a second queued entry (a queued one is released at once,
-    its link cleared when asked afresh); else a run at once, replaying the latest failed run's
-    decisions when it is a retry of it and not asked afresh."""
+    its link cleared when asked afresh) nor a second run in flight (it answers with that run);
+    else a run at once, replaying the latest failed run's decisions when it is a retry of it
+    and not asked afresh."""
     if (entry := _holding_entry(history.queued)) is not None:
         return Release(entry, clear_link=ask_afresh)
+    if (flying := in_flight(history.runs)) is not None:
+        return InFlight(flying)
     counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
     parent_success = latest_success(history.parent_runs)
     failed = _retry_of(manifest, history.runs, counted, parent_success)
@@ -195,17 +207,23 @@ def latest_finished(runs: Sequence[ManifestRun]) -> ManifestRun | None:
     return max(done, key=lambda r: r.ended_at or r.counted_from, default=None)
 
 
+def in_flight(runs: Sequence[ManifestRun]) -> ManifestRun | None:
+    """The newest run of the manifest that has not finished, of any kind."""
+    return next((r for r in runs if not r.status.is_finished), None)
+
+
 def _holding_entry(queued: Sequence[WorkEntry]) -> WorkEntry | None:
     return next((e for e in queued if e.status is WorkStatus.QUEUED and e.holds_manifest_key), None)
 
 
-def _settled(history: History, counted: set[str]) -> list[Settled]:
-    """Successes, cancellations and failures that no longer count settle the schedule; so does
-    an acknowledged dead letter, from when it was acknowledged."""
+def _settled(history: History) -> list[Settled]:
+    """Successes and cancellations settle the schedule; so does an acknowledged dead letter,
+    from when it was acknowledged. A failed run never does, counted or set aside (the spec's
+    "a failed run does not move the point a schedule counts from")."""
     points = [
         Settled(r.counted_from, r.occurrence, r.parent_run)
         for r in history.runs
-        if r.status.is_finished and r.id not in counted
+        if r.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED)
     ]
     points += [
         Settled(d.resolved_at)
@@ -251,8 +269,7 @@ def _retry(
         parent_success=parent_success,
     )
     resume_from = None
-    same_input = failed.job_type == manifest.job_type and failed.request == manifest.request
-    if checkpoint_stages and same_input:
+    if checkpoint_stages and replay.same_input(manifest, failed):
         runs = {r.id: r for r in history.runs}
         if checkpoints.resume_point(failed, runs, history.checkpoints) is not None:
             resume_from = failed.id

@@ -1,23 +1,26 @@
 """The dispatcher: claims due work entries atomically and starts their runs as jobs.
 
-An entry's replay link is checked again as it is claimed (`replay.dispatch_link`): one naming
-a run another run already replays, or whose manifest has since opted out, is dispatched without
-it and asks afresh. A dispatch that never reached the jobs manager is requeued with the dispatch
+An entry's replay link is checked again as it is claimed (`replay.dispatch_link`): one naming a
+run another run already replays, or whose manifest has since opted out, is dispatched without it
+and asks afresh; one naming a run whose decisions are gone keeps it, marked `replay_abandoned`,
+and asks afresh. A dispatch that never reached the jobs manager is requeued with the dispatch
 backoff (`dispatching.after_dispatch_failure`) and its run is DISPATCH_REQUEUED; once it has
-used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an
-unknown type, a request that does not validate) is a failed run at once. A run's job id is
-chosen and stored on the run before its job starts, so the job's steps find their run. An
-entry that resumes a failed run starts its job after that run's latest checkpoint
+used up `max_dispatch_attempts` its run is one failed run. A job the manager refused (an unknown
+type, a request that does not validate) is a failed run at once. A run's job id is chosen and
+stored on the run before its job starts, so the job's steps find their run. An entry that
+resumes a failed run starts its job after that run's latest checkpoint
 (`checkpoints.resume_point`); without one it runs from the top, its `resumed_from` cleared.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from choreography_ray.logs import get_logger
 from choreography_ray.model import ResumeAfter
 from choreography_ray.scheduler import checkpoints, dispatching, replay
+from choreography_ray.scheduler.lock import lapsed
 from choreography_ray.scheduler.manifest_manager import HISTORY_RUNS, chain_checkpoints
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import DispatchError, JobsPort
@@ -46,19 +49,30 @@ class Dispatcher:
     async def dispatch_due(self) -> int:
         """Claims the due entries and starts their runs; how many were claimed."""
         claimed = await self.storage.claim_due(self.scope, CLAIM_BATCH)
+        # Namespaces whose jobs manager did not answer a start in time: their other entries
+        # are requeued at once rather than hold the scope's turn up again.
+        stuck: set[str] = set()
         for entry in claimed:
             try:
-                await self.dispatch(entry)
-            except Exception:
+                await self.dispatch(entry, stuck)
+            except Exception as error:
+                if lapsed(error):  # its claimed entries are handed back by the next holder
+                    log.warning("scheduler/%s: the lock lapsed: the dispatch stops", self.scope)
+                    break
                 log.exception("scheduler/%s: dispatching entry %s of %r failed", self.scope,
                               entry.id, entry.manifest)  # fmt: skip
         return len(claimed)
 
-    async def dispatch(self, entry: WorkEntry) -> None:
+    async def dispatch(self, entry: WorkEntry, stuck: set[str] | None = None) -> None:
+        stuck = set() if stuck is None else stuck
         run = await self.storage.get_run(entry.run_id)
         if run is None:
             log.error("scheduler/%s: entry %s names no stored run %s; dropped", self.scope,
                       entry.id, entry.run_id)  # fmt: skip
+            return
+        if run.namespace in stuck:
+            why = f"the jobs manager of namespace {run.namespace!r} did not answer in time"
+            await self.failed(entry, run, why, reached=False)
             return
         manifest = await self.storage.get_manifest(self.scope, entry.manifest)
         replays = entry.replays
@@ -69,29 +83,58 @@ class Dispatcher:
                 log.info("scheduler/%s: run %s asks afresh (%s): it was queued to replay %s",
                          self.scope, run.id, link.afresh, replays)  # fmt: skip
             replays = link.replays
+        # A link to a run whose decisions are gone (deleted since it was queued) cannot be
+        # honoured: the run asks afresh, its replay abandoned, and uses up no replay.
+        abandoned = replays is not None and await self.storage.count_decisions(replays) == 0
+        if abandoned:
+            log.warning("scheduler/%s: run %s asks afresh: run %s, whose decisions it was to "
+                        "replay, has none", self.scope, run.id, replays)  # fmt: skip
         # The job's id is chosen here and stored on the run before the job starts, with the
         # link it keeps: a step that asks `decide` finds its run (`run_for_job`) from its
         # first moment. The run stays QUEUED until the start returns.
         resume = None if entry.resume_from is None else await self._resume_after(entry)
-        links = {"replays": replays, "resumed_from": None if resume is None else entry.resume_from}
-        job_id = uuid.uuid4().hex
-        await self.storage.save_run(run.model_copy(update={"job_id": job_id, **links}))
+        links = {"replays": replays, "replay_abandoned": abandoned,
+                 "resumed_from": None if resume is None else entry.resume_from}  # fmt: skip
+        # A dispatch requeued after no answer keeps the id it chose: a late start of it is
+        # found, and a second start of it is refused (the job exists), never a second job.
+        run = run.model_copy(update={"job_id": run.job_id or uuid.uuid4().hex, **links})
+        await self.storage.save_run(run)
+        assert run.job_id is not None
+        timeout = self.options.dispatch_timeout
         try:
-            job_id = await self.jobs.start_job(self.scope, run.namespace, run.job_type,
-                                               run.request, job_id, resume)  # fmt: skip
+            job_id = await asyncio.wait_for(self.jobs.start_job(
+                self.scope, run.namespace, run.job_type, run.request, run.job_id, resume,
+            ), timeout.total_seconds())  # fmt: skip
         except DispatchError as error:
             await self.failed(entry, run, str(error), reached=error.reached)
+            return
+        except TimeoutError:
+            stuck.add(run.namespace)
+            why = f"the jobs manager did not answer within {timeout}"
+            await self.failed(entry, run, why, reached=False)
             return
         except Exception as error:  # whatever else: the jobs manager was not reached
             await self.failed(entry, run, f"{type(error).__name__}: {error}", reached=False)
             return
+        await self._started(entry, run, job_id)
+
+    async def _started(self, entry: WorkEntry, run: ManifestRun, job_id: str) -> None:
         now = await self.storage.now()
         await self.storage.save_run(run.model_copy(update={
             "status": RunStatus.RUNNING, "job_id": job_id, "started_at": now,
             "dispatched_at": entry.dispatched_at, "dispatch_attempts": entry.dispatch_attempts,
-            "error": None, **links,
+            "error": None,
         }))  # fmt: skip
         self.started += 1
+
+    async def _job_exists(self, job_id: str) -> bool:
+        """Whether the job a dispatch chose was started after all; a lookup that fails says
+        no (the dispatch is requeued, as before the lookup)."""
+        try:
+            return bool(await self.jobs.job_views([job_id]))
+        except Exception as error:
+            log.warning("scheduler/%s: looking job %s up failed (%s)", self.scope, job_id, error)
+            return False
 
     async def _resume_after(self, entry: WorkEntry) -> ResumeAfter | None:
         """The checkpoint the entry's run starts after: the latest of the run it resumes (and
@@ -120,14 +163,23 @@ class Dispatcher:
         self, entry: WorkEntry, run: ManifestRun, why: str, *, reached: bool = False
     ) -> None:
         """A dispatch of `entry` failed: requeued with the dispatch backoff, or (refused by the
-        jobs manager, or out of attempts) its run failed."""
+        jobs manager, or out of attempts) its run failed. One that did not reach the manager,
+        or whose answer was lost, may have started its job all the same: when the job id it
+        chose (`run.job_id`) exists, the run is that job's (never a second job)."""
+        if not reached and run.job_id is not None and await self._job_exists(run.job_id):
+            log.info("scheduler/%s: run %s's job %s was started, though its start did not "
+                     "answer (%s): the run is that job's", self.scope, run.id, run.job_id,
+                     why)  # fmt: skip
+            await self._started(entry, run, run.job_id)
+            return
         retry = dispatching.after_dispatch_failure(entry.dispatch_attempts, self.options)
-        # No job of its own: the id chosen for the start that failed is cleared.
+        # No job of its own: the id chosen for the start that failed is cleared, except on a
+        # dispatch requeued, which starts that id again.
         attempts = {"dispatch_attempts": entry.dispatch_attempts, "error": why, "job_id": None}
         if not reached and not retry.gives_up:
             assert retry.delay is not None
             if await self.storage.requeue_dispatch(entry.id, retry.delay) is not None:
-                update = {**attempts, "status": RunStatus.DISPATCH_REQUEUED}
+                update = {**attempts, "status": RunStatus.DISPATCH_REQUEUED, "job_id": run.job_id}
                 await self.storage.save_run(run.model_copy(update=update))
                 self.requeued += 1
                 log.warning("scheduler/%s: dispatch %d of run %s failed (%s); again in %s",

@@ -3,8 +3,10 @@
 A run counts as a failure when it is FAILED (its job ended COMPLETED_WITH_FAILURES or FAILED,
 or its dispatch used up `max_dispatch_attempts`), it started inside the manifest's failure window
 (`failure_window`, else the scheduler's `failure_count_window`) and after the manifest's latest
-resolved dead letter. A cancelled run never counts, nor a dispatch waiting for another attempt
-(DISPATCH_REQUEUED). A success does not reset the count inside the window; it ends the backoff.
+resolved dead letter. A run an operator queued for an execution (`requeue_execution`,
+`resume_execution`) never counts: it belongs to no manifest's retry count. A cancelled run
+never counts, nor a dispatch waiting for another attempt (DISPATCH_REQUEUED). A success does
+not reset the count inside the window; it ends the backoff.
 
 More than `max_retries` counted failures dead-letter the manifest: `max_retries=0` on the first
 failure, the default 3 on the fourth; a manifest that has not run never.
@@ -27,11 +29,11 @@ def failure_window(manifest: Manifest, options: SchedulerOptions) -> timedelta:
     return manifest.failure_window or options.failure_count_window
 
 
-def latest_resolution(dead_letters: Iterable[DeadLetter]) -> datetime | None:
-    """When the manifest's latest resolved dead letter was resolved: failures before it are
-    set aside, so a requeued manifest starts fresh."""
-    resolved = [d.resolved_at for d in dead_letters if d.status.is_resolved and d.resolved_at]
-    return max(resolved, default=None)
+def latest_resolved(dead_letters: Iterable[DeadLetter]) -> DeadLetter | None:
+    """The manifest's latest resolved dead letter: failures before its resolution are set
+    aside, so a requeued manifest starts fresh."""
+    resolved = [d for d in dead_letters if d.status.is_resolved and d.resolved_at]
+    return max(resolved, key=lambda d: d.resolved_at or d.dead_lettered_at, default=None)
 
 
 def awaiting_intervention(dead_letters: Iterable[DeadLetter]) -> DeadLetter | None:
@@ -48,13 +50,17 @@ def counts(
     now: datetime,
 ) -> bool:
     """The run is a failure that counts toward the manifest's retries now."""
-    if run.status is not RunStatus.FAILED:
+    if run.status is not RunStatus.FAILED or not run.kind.counts_toward_retries:
         return False
     started = run.counted_from
     if started < now - failure_window(manifest, options):
         return False
-    resolved = latest_resolution(dead_letters)
-    return resolved is None or started > resolved
+    latest = latest_resolved(dead_letters)
+    if latest is None or latest.resolved_at is None:
+        return True
+    # The dead letter's own requeue (its run has the dead letter's id) is queued just before
+    # the resolution, and is the first run after it, started or not.
+    return run.id == latest.id or started >= latest.resolved_at
 
 
 def counted_failures(
@@ -91,8 +97,15 @@ def dead_letter_reason(counted: Sequence[ManifestRun], manifest: Manifest) -> st
 
 
 def backoff_total(retries: int, options: SchedulerOptions) -> timedelta:
-    """The delays of `retries` retries in a row, added up."""
-    return sum((retry_delay(n, options) for n in range(1, retries + 1)), timedelta(0))
+    """The delays of `retries` retries in a row, added up, in closed form: from the exponent
+    cap on (`_MAX_EXPONENT`) every delay is the same, so at most that many are added one by
+    one (`max_retries=2**31-1` must not add two billion)."""
+    varying = min(retries, _MAX_EXPONENT + 1)
+    total = sum((retry_delay(n, options) for n in range(1, varying + 1)), timedelta(0))
+    try:
+        return total + (retries - varying) * retry_delay(varying, options)
+    except OverflowError:
+        return timedelta.max
 
 
 def backoff_warning(

@@ -2,13 +2,16 @@
 
 The lock is a lease in storage (`SchedulerStorage.acquire_lease`): taken when free or expired,
 renewed by its holder every third of `lock_ttl`, released when the scheduler closes. A holder is
-one activation of the scheduler actor, so a second cluster's scheduler on the same storage (or
-a restarted actor whose predecessor's lease has not expired) waits until the lease is free.
+one activation of the scheduler actor, so a second cluster's scheduler on the same storage waits
+until the lease is free; a restarted actor (a later incarnation of the same actor) takes its
+predecessor's lease over at once (`storage.scheduler.lease_for`).
 
 The lease's expiry is on the database's clock; this process believes it holds the lock only
 until its own monotonic clock says `lock_ttl` has passed since the last renewal *started*, so a
 renewal that fails (storage unreachable) stops this scheduler before the lease can expire and
-another take it.
+another take it. Every write of the scheduler's loops and operations goes through
+`guarded(storage, lock)`, which checks the lock before it writes: a lease that lapses in the
+middle of a cycle stops that cycle at its next write, so two schedulers never write at once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, cast
 
+from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.storage.scheduler import SchedulerStorage
 
@@ -78,3 +83,45 @@ class SchedulerLock:
         if self._until:
             self._until = 0.0
             await self.storage.release_lease(self.name, self.holder)
+
+
+#: The writes of the scheduler's storage the lock guards (a step host's `record_decision` and
+#: the lease's own are not the scheduler's).
+GUARDED_WRITES = frozenset({
+    "upsert_manifest", "set_replay_decisions_on_retry", "enqueue", "claim_due", "release",
+    "requeue_dispatch", "cancel_entry", "save_run", "add_dead_letter", "resolve_dead_letter",
+    "remove_resolved_dead_letters", "save_checkpoint",
+})  # fmt: skip
+
+
+class _Guarded:
+    def __init__(self, storage: SchedulerStorage, lock: SchedulerLock) -> None:
+        self._storage = storage
+        self._lock = lock
+
+    def __getattr__(self, method: str) -> Any:
+        found = getattr(self._storage, method)
+        if method not in GUARDED_WRITES:
+            return found
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            if not self._lock.held:
+                raise SchedulerOperationError(
+                    SchedulerError.NOT_LOCK_HOLDER,
+                    f"{self._lock.name}: the lock lapsed; {method} is not written",
+                )
+            return await found(*args, **kwargs)
+
+        return write
+
+
+def guarded(storage: SchedulerStorage, lock: SchedulerLock) -> SchedulerStorage:
+    """`storage` whose writes are refused (`NOT_LOCK_HOLDER`) while `lock` is not held."""
+    return cast(SchedulerStorage, _Guarded(storage, lock))
+
+
+def lapsed(error: Exception) -> bool:
+    """`error` is a write refused because the lock lapsed: the loop stops until it is back."""
+    return isinstance(error, SchedulerOperationError) and error.error is (
+        SchedulerError.NOT_LOCK_HOLDER
+    )

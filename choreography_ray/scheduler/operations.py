@@ -11,11 +11,13 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from choreography_ray.errors import SchedulerError, SchedulerOperationError
+from pydantic import ValidationError
+
+from choreography_ray.errors import InvalidRequestError, SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import cycle, failures, replay
-from choreography_ray.scheduler.cycle import Release
-from choreography_ray.scheduler.manifest_manager import ManifestManager, gather, new_run
+from choreography_ray.scheduler.cycle import InFlight, Release
+from choreography_ray.scheduler.manifest_manager import ManifestManager, cancelled, gather, new_run
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import (
     DeadLetter,
@@ -81,20 +83,30 @@ class Operations:
         failure_window: timedelta | None = None,
         replay_decisions_on_retry: bool | None = None,
         enabled: bool | None = None,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 (a manifest's setting, not a deadline)
     ) -> Manifest:
         """Upserts a manifest: its definition always, and of its settings those stated (not
-        None); an unstated one keeps its stored value (a new manifest: its default)."""
+        None); an unstated one keeps its stored value (a new manifest: its default). A setting
+        out of range (`max_retries` below 0, a `failure_window` of zero or less, which would
+        never dead-letter) is refused with `InvalidRequestError`, as Trax refuses it."""
+        for setting, value in (("failure_window", failure_window), ("timeout", timeout)):
+            if value is not None and value <= timedelta(0):
+                raise InvalidRequestError(f"manifest {name!r}: {setting} must be positive, "
+                                          f"not {value}")  # fmt: skip
         settings = {"max_retries": max_retries, "failure_window": failure_window,
                     "replay_decisions_on_retry": replay_decisions_on_retry,
-                    "enabled": enabled}  # fmt: skip
+                    "enabled": enabled, "timeout": timeout}  # fmt: skip
         stated = {k for k, v in settings.items() if v is not None}
         defaults = {"max_retries": self.options.default_max_retries}
         now = await self.storage.now()
-        manifest = Manifest.model_validate({
-            "scope": self.scope, "name": name, "job_type": job_type, "request": request,
-            "schedule": schedule, "namespace": namespace, "created": now, "updated": now,
-            **defaults, **{k: settings[k] for k in stated},
-        })  # fmt: skip
+        try:
+            manifest = Manifest.model_validate({
+                "scope": self.scope, "name": name, "job_type": job_type, "request": request,
+                "schedule": schedule, "namespace": namespace, "created": now, "updated": now,
+                **defaults, **{k: settings[k] for k in stated},
+            })  # fmt: skip
+        except ValidationError as error:  # a setting out of range: the caller's error
+            raise InvalidRequestError(f"manifest {name!r}: {error}") from None
         stored = await self.storage.upsert_manifest(manifest, stated)
         window = failures.failure_window(stored, self.options)
         warning = failures.backoff_warning(self.options, stored.max_retries, window)
@@ -105,15 +117,15 @@ class Operations:
         return stored
 
     async def _cancel_queued(self, manifest: Manifest) -> None:
-        """A disabled manifest's queued entries (its cycle's and triggers) are taken off."""
+        """A disabled manifest's queued entries (its cycle's and triggers) are taken off, each
+        with its run in one write."""
         for entry in await self.storage.queued_entries(self.scope, manifest.name):
-            if entry.holds_manifest_key and await self.storage.cancel_entry(entry.id):
-                run = await self.storage.get_run(entry.run_id)
-                if run is not None:
-                    now = await self.storage.now()
-                    update = {"status": RunStatus.CANCELLED, "ended_at": now,
-                              "error": "its manifest was disabled"}  # fmt: skip
-                    await self.storage.save_run(run.model_copy(update=update))
+            if not entry.holds_manifest_key:
+                continue
+            run = await self.storage.get_run(entry.run_id)
+            now = await self.storage.now()
+            why = "its manifest was disabled"
+            await self.storage.cancel_entry(entry.id, run and cancelled(run, now, why))
 
     async def set_replay_decisions_on_retry(self, names: Collection[str], value: bool) -> str:
         names = list(dict.fromkeys(names))
@@ -125,8 +137,9 @@ class Operations:
     async def trigger(self, name: str, ask_afresh: bool = False) -> TriggerResult:
         manifest = await self.manifest(name)
         opts_in = self.manager.jobs.checkpoint_stages(manifest.job_type)
-        history = await gather(self.storage, manifest, checkpoint_stages=opts_in)
         now = await self.storage.now()
+        history = await gather(self.storage, manifest, self.options, now,
+                               checkpoint_stages=opts_in)  # fmt: skip
         decided = cycle.trigger(manifest, history, self.options, now, ask_afresh=ask_afresh,
                                 checkpoint_stages=opts_in)  # fmt: skip
         if isinstance(decided, Release):
@@ -140,35 +153,70 @@ class Operations:
                 return TriggerResult(run_id=decided.entry.run_id, already_dispatched=True,
                                      replay_decisions_of=replays)  # fmt: skip
             return TriggerResult(run_id=released.run_id, replay_decisions_of=released.replays)
+        if isinstance(decided, InFlight):  # one run at a time: the one in flight answers
+            flying = decided.run
+            return TriggerResult(run_id=flying.id, already_dispatched=True,
+                                 replay_decisions_of=flying.replays)  # fmt: skip
         done = await self.manager.queue(manifest, decided, EntryKind.TRIGGER, now)
         if done.run is None:  # queued meanwhile by someone else: never a second entry
             return TriggerResult()
         return TriggerResult(run_id=done.run.id, replay_decisions_of=done.run.replays)
 
     async def requeue(self, dead_letter_id: str, ask_afresh: bool = False) -> str:
-        """Resolves the dead letter (RETRIED) and queues a run at once, no backoff; the failure
-        count starts afresh from the resolution."""
+        """Resolves the dead letter (RETRIED) and queues a run of the manifest's current job
+        type and request at once, no backoff; the failure count starts afresh from the
+        resolution. It replays and resumes the failed run only as a retry would: not when the
+        manifest opted out of replay, nor when its input changed since.
+
+        The run is queued first, then the dead letter resolved: its run has the dead letter's
+        id, so a requeue whose resolution failed is resolved by the next cycle, or by this
+        requeue again, with its one run (never a second)."""
         letter = await self.dead_letter(dead_letter_id)
         if letter.status.is_resolved:
             raise _already_resolved(letter)
+        if await self.storage.get_run(letter.id) is None:
+            await self._queue_requeue(letter, ask_afresh)
+        if await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED) is None:
+            raise _already_resolved(letter)
+        return letter.id
+
+    async def _queue_requeue(self, letter: DeadLetter, ask_afresh: bool) -> None:
         manifest = await self.manifest(letter.manifest)
         target = await self.storage.get_run(letter.run_id) if letter.run_id else None
         link = replay.Link(None, replay.AskAfresh.NOT_A_RETRY)
         if target is not None:
-            link = await self._requeue_link(target, ask_afresh)
-        if await self.storage.resolve_dead_letter(letter.id, DeadLetterStatus.RETRIED) is None:
-            raise _already_resolved(letter)
+            link = await self._requeue_link(target, ask_afresh, manifest)
         # It resumes after the failed run's checkpoint, if it has one (the dispatcher looks).
         resume_from = None
         if target is not None and target.status is RunStatus.FAILED:
-            opts_in = self.manager.jobs.checkpoint_stages(target.job_type)
+            resumable = replay.same_input(manifest, target)
+            opts_in = resumable and self.manager.jobs.checkpoint_stages(target.job_type)
             resume_from = target.id if opts_in else None
         now = await self.storage.now()
-        entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, is_retry=True,
-                             replays=link.replays, resume_from=resume_from)  # fmt: skip
-        done = await self.storage.enqueue(entry, run)
-        assert done.run is not None  # an entry that holds no manifest key is never refused
-        return done.run.id
+        entry, run = new_run(manifest, EntryKind.DEAD_LETTER_REQUEUE, now, run_id=letter.id,
+                             is_retry=True, replays=link.replays, resume_from=resume_from,
+                             requeues=letter.run_id)  # fmt: skip
+        # An entry that holds no manifest key is never refused.
+        await self.storage.enqueue(entry, run)
+
+    async def requeue_all(self, name: str | None = None, ask_afresh: bool = False) -> list[str]:
+        """Requeues every dead letter awaiting intervention, of manifest `name` or of the whole
+        scope, oldest first, each as `requeue` does; the new runs' ids."""
+        return [await self.requeue(d.id, ask_afresh) for d in await self._awaiting(name)]
+
+    async def acknowledge_all(self, name: str | None = None, *, note: str) -> int:
+        """Acknowledges every dead letter awaiting intervention, of manifest `name` or of the
+        whole scope, with `note`; how many."""
+        letters = await self._awaiting(name)
+        for letter in letters:
+            await self.acknowledge(letter.id, note)
+        return len(letters)
+
+    async def _awaiting(self, name: str | None) -> list[DeadLetter]:
+        if name is not None:
+            await self.manifest(name)  # an unknown manifest is refused, not "none awaiting"
+        awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+        return list(reversed(await self.storage.list_dead_letters(self.scope, name, awaiting)))
 
     async def acknowledge(self, dead_letter_id: str, note: str) -> None:
         letter = await self.dead_letter(dead_letter_id)
@@ -189,21 +237,31 @@ class Operations:
         done = await self.storage.enqueue(entry, run)
         assert done.run is not None
         message = f"Execution {target.id} is queued again as {done.run.id}."
-        source = replay.requeue_source(target)
+        source = replay.requeue_source(target) or target.id
         if done.run.replays is not None:
             message += f" It replays the decisions of execution {done.run.replays}."
         elif done.replay_dropped or link.afresh is replay.AskAfresh.ALREADY_REPLAYED:
             message += " " + replay.already_replayed_message(source)
         elif link.afresh is replay.AskAfresh.NO_DECISIONS:
             message += f" It asks its deciders afresh: execution {source} recorded no decisions."
+        elif link.afresh is replay.AskAfresh.REPLAYED_ANOTHER_RUN:
+            message += (
+                f" It asks its deciders afresh: execution {target.id} replayed the "
+                f"decisions of execution {target.replays}, which are replayed once."
+            )
         else:
             message += " It asks its deciders afresh."
         return RequeueResult(run_id=done.run.id, message=message)
 
     async def resume_execution(self, run_id: str) -> str:
-        """Queues a run that resumes after `run_id`'s latest checkpoint; refused while another
-        queued entry resumes it."""
+        """Queues a run that resumes after `run_id`'s latest checkpoint; refused for a run that
+        is not FAILED or CANCELLED (as Trax), and while another queued entry resumes it."""
         target = await self.run(run_id)
+        if target.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise SchedulerOperationError(
+                SchedulerError.RUN_NOT_RESUMABLE,
+                f"run {run_id} is {target.status.value}: only a failed or cancelled run resumes",
+            )
         manifest = await self.manifest(target.manifest)
         now = await self.storage.now()
         entry, run = new_run(manifest, EntryKind.RESUME_EXECUTION, now, source=target,
@@ -215,14 +273,17 @@ class Operations:
             )
         return done.run.id
 
-    async def _requeue_link(self, target: ManifestRun, ask_afresh: bool) -> replay.Link:
-        source = replay.requeue_source(target)
+    async def _requeue_link(
+        self, target: ManifestRun, ask_afresh: bool, manifest: Manifest | None = None
+    ) -> replay.Link:
+        source = replay.requeue_source(target) or target.id
         return replay.requeue_link(
             target,
             runs=await self.storage.runs_replaying(source),
             queued=await self.storage.queued_entries(self.scope),
             recorded_decisions=await self.storage.count_decisions(source),
             ask_afresh=ask_afresh,
+            manifest=manifest,
         )
 
 

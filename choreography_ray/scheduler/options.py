@@ -35,6 +35,13 @@ class SchedulerOptions(BaseModel):
     dispatch_retry_delay: Duration = timedelta(seconds=5)
     #: The longest delay between two dispatch attempts.
     max_dispatch_retry_delay: Duration = timedelta(minutes=5)
+    #: How long the dispatcher waits for a jobs manager to answer a start. A start past it is
+    #: settled like one whose answer was lost, and the namespace's other due entries wait for
+    #: the next dispatch, so one stuck manager holds up no other namespace nor operation.
+    dispatch_timeout: Duration = timedelta(seconds=30)
+    #: How long a run may take from its start, for a manifest that states no `timeout`: a run
+    #: past it is stopped through the jobs manager and settled CANCELLED. None: no limit.
+    default_run_timeout: Duration | None = None
     #: A recorded decision replays into a retry only while it is younger than this.
     replay_answers_for: Duration = timedelta(hours=24)
     #: Resolved dead letters older than this are deleted.

@@ -66,6 +66,10 @@ class JobsPort(Protocol):
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         """The jobs' statuses; a job that no longer exists (removed) is left out."""
 
+    async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
+        """Stops the job (a run past its timeout) through its jobs manager; raises when the
+        stop was refused or the manager could not be reached."""
+
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         """The run of `job_id` is settled from its job: the job is no longer held, and a job
         type that does not keep its finished records has them dropped (in the background)."""

@@ -26,7 +26,9 @@ class _Record(BaseModel):
 
 
 #: The settings of a manifest an upsert writes only when code states them (the spec's rule).
-SETTINGS = frozenset({"max_retries", "failure_window", "replay_decisions_on_retry", "enabled"})
+SETTINGS = frozenset(
+    {"max_retries", "failure_window", "replay_decisions_on_retry", "enabled", "timeout"}
+)
 #: What defines a manifest: written on every upsert.
 DEFINITION = frozenset({"job_type", "request", "schedule", "namespace"})
 
@@ -50,6 +52,9 @@ class Manifest(_Record):
     failure_window: Duration | None = None
     replay_decisions_on_retry: bool = True
     enabled: bool = True
+    #: How long a run may take from its start: a run past it is stopped through the jobs
+    #: manager and settled CANCELLED. None: the scheduler's `default_run_timeout`.
+    timeout: Duration | None = None
     created: datetime = Field(default_factory=utcnow)
     updated: datetime = Field(default_factory=utcnow)
 
@@ -94,6 +99,9 @@ class ManifestRun(_Record):
     replay_abandoned: bool = False
     dispatch_attempts: int = 0
     error: str | None = None
+    #: When the scheduler stopped its job for running past its manifest's timeout (the run is
+    #: settled CANCELLED once the stop is final).
+    timed_out_at: datetime | None = None
 
     @property
     def counted_from(self) -> datetime:
@@ -131,6 +139,9 @@ class WorkEntry(_Record):
     dispatch_attempts: int = 0
     replays: str | None = None
     resume_from: str | None = None
+    #: The run an operator's requeue queues again (a dead letter's, `requeue_execution`,
+    #: `resume_execution`): the replay a never-started `requeues` kept is this entry's.
+    requeues: str | None = None
 
 
 class DeadLetter(_Record):
@@ -201,7 +212,9 @@ class SchedulerLease(_Record):
 
 class TriggerResult(_Record):
     run_id: str | None = None
-    #: The dispatcher had claimed the queued entry before the trigger could release it.
+    #: No run was queued: a run of the manifest was in flight already (the dispatcher had
+    #: claimed the queued entry, its job runs, or an operator's requeue is queued), and
+    #: `run_id` names it.
     already_dispatched: bool = False
     #: The run whose decisions the triggered run replays, or None.
     replay_decisions_of: str | None = None

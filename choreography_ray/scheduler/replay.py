@@ -12,7 +12,7 @@ already replays is dispatched without it, and so is one whose manifest has since
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from choreography_ray.scheduler.records import Manifest, ManifestRun, WorkEntry
@@ -50,13 +50,17 @@ class Link:
 
 
 def replayers(
-    run_id: str, runs: Iterable[ManifestRun], entries: Iterable[WorkEntry], *, besides: str = ""
+    run_id: str,
+    runs: Iterable[ManifestRun],
+    entries: Iterable[WorkEntry],
+    *,
+    besides: Collection[str | None] = (),
 ) -> list[str]:
     """The runs (any state) and queued entries that use up the one replay of `run_id`. A run
-    whose replay was abandoned asked afresh and does not use it up. `besides` is left out."""
+    whose replay was abandoned asked afresh and does not use it up. `besides` are left out."""
     found = [r.id for r in runs if r.replays == run_id and not r.replay_abandoned]
     found += [e.run_id for e in entries if e.replays == run_id and e.status is WorkStatus.QUEUED]
-    return [f for f in dict.fromkeys(found) if f != besides]
+    return [f for f in dict.fromkeys(found) if f not in besides]
 
 
 def retry_link(
@@ -75,7 +79,7 @@ def retry_link(
         return Link(None, AskAfresh.OPTED_OUT)
     if not failed.asked_itself:
         return Link(None, AskAfresh.REPLAYED_ANOTHER_RUN)
-    if replayers(failed.id, runs, queued, besides=failed.id):
+    if replayers(failed.id, runs, queued, besides=(failed.id,)):
         return Link(None, AskAfresh.ALREADY_REPLAYED)
     if manifest.parent is not None and parent_succeeded_since(failed, parent_success):
         return Link(None, AskAfresh.NEW_PARENT_SUCCESS)
@@ -97,22 +101,34 @@ def parent_succeeded_since(failed: ManifestRun, parent_success: ManifestRun | No
 
 def dispatch_link(entry: WorkEntry, manifest: Manifest | None, runs: Iterable[ManifestRun]) -> Link:
     """The link an entry keeps when it is claimed: dropped when another run already replays
-    the run it names (replay at most once) or the manifest opted out since it was queued."""
+    the run it names (replay at most once) or the manifest opted out since it was queued. The
+    run an operator's requeue queues again (`entry.requeues`) is not another: a requeue of a
+    replay that never ran took its link over."""
     if entry.replays is None:
         return Link(None, AskAfresh.NOT_A_RETRY)
     opted_out = manifest is not None and not manifest.replay_decisions_on_retry
     if opted_out and entry.kind.holds_manifest_key:
         return Link(None, AskAfresh.OPTED_OUT)
-    if replayers(entry.replays, runs, (), besides=entry.run_id):
+    if replayers(entry.replays, runs, (), besides=(entry.run_id, entry.requeues)):
         return Link(None, AskAfresh.ALREADY_REPLAYED)
     return Link(entry.replays)
 
 
-def requeue_source(target: ManifestRun) -> str:
+def requeue_source(target: ManifestRun) -> str | None:
     """The run whose answers a requeue of `target` replays: its own when it asked itself; a
-    run queued to replay that never asked itself hands on its kept link, so a requeue follows
-    it to the answers it never replayed."""
-    return target.id if target.asked_itself or target.replays is None else target.replays
+    run queued to replay that never started hands on its kept link, so a requeue follows it to
+    the answers it never replayed. None for a run that ran replaying another's answers: they
+    were replayed once (a requeue of it asks afresh)."""
+    if target.asked_itself:
+        return target.id
+    return target.replays if target.started_at is None else None
+
+
+def same_input(manifest: Manifest, run: ManifestRun) -> bool:
+    """`run` was queued by `manifest` with the job type and request its next run is queued
+    with: what a replay and a resume of `run` need."""
+    ours = (manifest.name, manifest.job_type, manifest.request)
+    return (run.manifest, run.job_type, run.request) == ours
 
 
 def requeue_link(
@@ -122,13 +138,22 @@ def requeue_link(
     queued: Iterable[WorkEntry],
     recorded_decisions: int,
     ask_afresh: bool,
+    manifest: Manifest | None = None,
 ) -> Link:
     """The link of a requeue of `target` (a dead letter's run, or `requeue_execution`);
-    `recorded_decisions` counts those of `requeue_source(target)`."""
+    `recorded_decisions` counts those of `requeue_source(target)`. A dead letter's requeue
+    passes `manifest`, whose current job type and request it runs: a retry's checks apply
+    too, so the manifest's opt-out, or an input edited since `target`, asks afresh."""
     if ask_afresh:
         return Link(None, AskAfresh.ASKED_AFRESH)
+    if manifest is not None and not manifest.replay_decisions_on_retry:
+        return Link(None, AskAfresh.OPTED_OUT)
+    if manifest is not None and not same_input(manifest, target):
+        return Link(None, AskAfresh.INPUT_CHANGED)
     source = requeue_source(target)
-    if replayers(source, runs, queued, besides=target.id):
+    if source is None:
+        return Link(None, AskAfresh.REPLAYED_ANOTHER_RUN)
+    if replayers(source, runs, queued, besides=(target.id,)):
         return Link(None, AskAfresh.ALREADY_REPLAYED)
     if recorded_decisions < 1:
         return Link(None, AskAfresh.NO_DECISIONS)

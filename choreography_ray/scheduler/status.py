@@ -73,3 +73,10 @@ class EntryKind(enum.StrEnum):
     def holds_manifest_key(self) -> bool:
         """Entries of this kind are one per manifest while queued (see docs/scheduler.md)."""
         return self in (EntryKind.SCHEDULED, EntryKind.TRIGGER)
+
+    @property
+    def counts_toward_retries(self) -> bool:
+        """A failed run of this kind counts toward its manifest's retries. A run an operator
+        queued for an execution (`requeue_execution`, `resume_execution`) belongs to no
+        manifest's retry count, as in Trax."""
+        return self not in (EntryKind.REQUEUE_EXECUTION, EntryKind.RESUME_EXECUTION)

@@ -41,6 +41,14 @@ class RecordingActions:
         self._answer("acknowledge", scope, dead_letter_id, note)
         return f"{dead_letter_id} acknowledged"
 
+    async def requeue_all(self, scope: str, manifest: str | None, ask_afresh: bool) -> str:
+        self._answer("requeue_all", scope, manifest, ask_afresh)
+        return "every dead letter requeued"
+
+    async def acknowledge_all(self, scope: str, manifest: str | None, note: str) -> str:
+        self._answer("acknowledge_all", scope, manifest, note)
+        return "every dead letter acknowledged"
+
     async def scheduler_options(self, scope: str) -> SchedulerOptions | None:
         return None
 

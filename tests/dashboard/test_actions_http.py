@@ -136,6 +136,29 @@ def test_dead_letter__requeue_asking_afresh_and_acknowledge_with_a_note(
                              ("acknowledge", SCOPE, DEAD_LETTER, "known outage")]  # fmt: skip
 
 
+def test_dead_letters__requeue_all_and_acknowledge_all_of_a_manifest(
+    operator: Client, actions: RecordingActions
+) -> None:
+    operator.log_in()
+    page = operator.get(f"/schedules/dead-letters?scope={SCOPE}&manifest=hourly").text
+    requeue_all = f"/schedules/{SCOPE}/dead-letters/all/requeue"
+    assert 'id="requeue-all"' in page and f"{requeue_all}?manifest=hourly" in page
+    confirmation = operator.get(f"{requeue_all}?manifest=hourly").text
+    assert "every dead letter awaiting intervention of <b>hourly</b>" in confirmation
+    assert '<dd id="awaiting">1 dead letter(s) now</dd>' in confirmation
+    csrf = csrf_of(confirmation)
+    done = operator.post(requeue_all, data={"csrf": csrf, "manifest": "hourly"})
+    assert done.status_code == 303
+    assert done.headers["location"] == f"/schedules/dead-letters?scope={SCOPE}&manifest=hourly"
+    assert "every dead letter requeued" in operator.get(done.headers["location"]).text
+    acknowledge_all = f"/schedules/{SCOPE}/dead-letters/all/acknowledge"
+    without = operator.post(acknowledge_all, data={"csrf": csrf, "note": ""})
+    assert without.status_code == 409 and "NoteRequired" in without.text
+    assert operator.post(acknowledge_all, data={"csrf": csrf, "note": "seen"}).status_code == 303
+    assert actions.calls == [("requeue_all", SCOPE, "hourly", False),
+                             ("acknowledge_all", SCOPE, None, "seen")]  # fmt: skip
+
+
 def test_dead_letter__refused_shows_the_schedulers_error_code(
     operator: Client, actions: RecordingActions
 ) -> None:

@@ -110,6 +110,21 @@ def test_requeue__a_dead_letter_runs_at_once_and_its_count_starts_afresh(
         "a second dead letter",
     )
     assert again[0].run_id == run_id and again[0].retry_count_at_dead_letter == 1
+    # In bulk, through the actor: the one awaiting is acknowledged, and nothing is left.
+    assert sched.acknowledge_all("fails", note="seen") == 1
+    assert sched.requeue_all() == []
+
+
+def test_timeout__a_run_past_it_is_stopped_through_its_jobs_manager_and_cancelled(
+    sched: cr.Scheduler,
+) -> None:
+    slow = FanOutRequest(count=1, sleep=20)
+    sched.schedule("slow", FanOut, slow, every=timedelta(hours=1), timeout=timedelta(seconds=1))
+    cancelled = eventually(
+        lambda: next((r for r in sched.runs("slow") if r.ended_at), None), 60, "the run to end"
+    )
+    assert cancelled.status is cr.RunStatus.CANCELLED and cancelled.timed_out_at is not None
+    assert sched.dead_letters("slow") == [] and len(sched.runs("slow")) == 1
 
 
 def test_decide__a_retry_replays_the_failed_runs_answers_once_and_the_next_asks_afresh(

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from choreography_ray.model import StageShape
+from choreography_ray.scheduler.core import SchedulerCore
+from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import (
     Checkpoint,
     DeadLetter,
@@ -30,7 +34,10 @@ from choreography_ray.storage.scheduler import (
     SchedulerStorage,
     scheduler_storage,
 )
+from choreography_ray.storage.scheduler.memory import MemorySchedulerStorage
+from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
 from tests.fixtures import OLDEST_JOBS, build_oldest_sqlite
+from tests.unit.scheduler.harness import Clock, FakeJobs
 
 SCOPE = "s"
 T0 = datetime(2025, 6, 1, 12, tzinfo=UTC)
@@ -194,6 +201,20 @@ async def test_requeue_dispatch__queued_again_after_the_delay(sched: SchedulerSt
     assert (await sched.get_entry(entry.id)).status is WorkStatus.CANCELLED  # type: ignore[union-attr]
 
 
+async def test_cancel_entry__saves_its_run_with_it_and_frees_the_manifest_key(
+    sched: SchedulerStorage,
+) -> None:
+    entry, run = queued()
+    await sched.enqueue(entry, run)
+    cancelled = run.model_copy(update={"status": RunStatus.CANCELLED, "ended_at": T0})
+    assert await sched.cancel_entry(entry.id, cancelled)
+    assert await sched.get_run(run.id) == cancelled
+    assert not await sched.cancel_entry(entry.id, run)  # no longer queued: nothing written
+    assert await sched.get_run(run.id) == cancelled
+    again, second = queued()
+    assert (await sched.enqueue(again, second)).entry is not None
+
+
 async def test_opt_out__clears_the_link_of_queued_retries_and_counts_them(
     sched: SchedulerStorage,
 ) -> None:
@@ -227,6 +248,31 @@ async def test_runs__newest_first_by_manifest_and_by_replayed_run(sched: Schedul
     assert await sched.get_run(finished.id) == finished
 
 
+async def test_runs_in_play__unfinished_of_any_age_and_failures_counted_since(
+    sched: SchedulerStorage,
+) -> None:
+    def at(minutes: float, status: RunStatus, **fields: object) -> ManifestRun:
+        queued_at = T0 + timedelta(minutes=minutes)
+        return ManifestRun.model_validate({"scope": SCOPE, "manifest": "m", "job_type": "J",
+                                           "queued_at": queued_at, "status": status,
+                                           **fields})  # fmt: skip
+
+    since = T0 + timedelta(minutes=10)
+    old_running = at(-600, RunStatus.RUNNING, started_at=T0 - timedelta(hours=10))
+    old_queued = at(-500, RunStatus.DISPATCH_REQUEUED)
+    old_failure = at(5, RunStatus.FAILED, started_at=T0 + timedelta(minutes=6))
+    # Queued before `since` but started after it: counted from its start.
+    started_late = at(8, RunStatus.FAILED, started_at=T0 + timedelta(minutes=10, seconds=1))
+    never_started = at(12, RunStatus.FAILED)
+    success = at(20, RunStatus.SUCCEEDED, started_at=T0 + timedelta(minutes=20))
+    other = ManifestRun(scope=SCOPE, manifest="n", job_type="J", status=RunStatus.RUNNING)
+    for r in (old_running, old_queued, old_failure, started_late, never_started, success, other):
+        await sched.save_run(r)
+    found = await sched.runs_in_play(SCOPE, "m", since)
+    expected = [never_started, started_late, old_queued, old_running]
+    assert [r.id for r in found] == [r.id for r in expected]
+
+
 async def test_run_for_job__the_run_whose_job_it_is(sched: SchedulerStorage) -> None:
     queued_run = ManifestRun(scope=SCOPE, manifest="m", job_type="J")
     started = ManifestRun(scope=SCOPE, manifest="m", job_type="J", job_id="job-1",
@@ -257,6 +303,22 @@ async def test_dead_letters__resolved_once_then_cleaned_up(sched: SchedulerStora
     later = resolved.resolved_at + timedelta(seconds=1)
     assert await sched.remove_resolved_dead_letters(later) == 1
     assert await sched.get_dead_letter(letter.id) is None
+
+
+async def test_dead_letters__one_awaiting_per_manifest(sched: SchedulerStorage) -> None:
+    def letter(name: str = "m") -> DeadLetter:
+        return DeadLetter(scope=SCOPE, manifest=name, retry_count_at_dead_letter=1, reason="r")
+
+    first = letter()
+    assert await sched.add_dead_letter(first)
+    assert not await sched.add_dead_letter(letter())  # two schedulers' cycles, say
+    assert await sched.add_dead_letter(letter("other"))
+    settled = letter().model_copy(update={"status": DeadLetterStatus.RETRIED, "resolved_at": T0})
+    assert await sched.add_dead_letter(settled)  # a resolved one is no rival
+    awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+    assert [d.id for d in await sched.list_dead_letters(SCOPE, "m", awaiting)] == [first.id]
+    await sched.resolve_dead_letter(first.id, DeadLetterStatus.ACKNOWLEDGED, "seen")
+    assert await sched.add_dead_letter(letter())
 
 
 async def test_decisions__the_first_answer_for_a_key_stays(sched: SchedulerStorage) -> None:
@@ -294,6 +356,17 @@ async def test_manifest_keys__every_scope_and_namespace_once_sorted(
 
 
 # --- the scope's lock ------------------------------------------------------------------------
+
+
+async def test_lease__a_later_incarnation_of_its_holder_takes_it_over_at_once(
+    sched: SchedulerStorage,
+) -> None:
+    ttl = timedelta(seconds=30)
+    assert await sched.acquire_lease("scheduler/s", "actor/0001", ttl) is not None
+    taken = await sched.acquire_lease("scheduler/s", "actor/0002", ttl)
+    assert taken is not None and taken.holder == "actor/0002"
+    assert await sched.acquire_lease("scheduler/s", "actor/0001", ttl) is None
+    assert await sched.acquire_lease("scheduler/s", "other/0003", ttl) is None
 
 
 async def test_lease__one_holder_until_it_expires_then_another_takes_it(
@@ -375,3 +448,37 @@ async def test_sqlite_run_for_job__uses_the_job_id_index(tmp_path: Path) -> None
         plan = c.execute(f"EXPLAIN QUERY PLAN SELECT id, doc FROM runs WHERE {_RUN_JOB} = ?",
                          ("j",)).fetchall()  # fmt: skip
     assert any("runs_job" in str(row) for row in plan), plan
+
+
+# --- a write that fails between two writes ---------------------------------------------------
+
+
+async def test_enqueue__a_failing_entry_write_blocks_nothing_the_next_cycle_queues(
+    sched: SchedulerStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MongoDB writes an enqueue's entry, then its run; SQLite both in one transaction. The
+    entry's write fails once: nothing is left that holds the manifest up."""
+    if isinstance(sched, MemorySchedulerStorage):
+        pytest.skip("the memory storage enqueues in one step: nothing to fail between")
+    module = sys.modules[type(sched).__module__]
+    mongo = isinstance(sched, MongoSchedulerStorage)
+    name = "_doc" if mongo else "_insert_entry"  # (record, key) or (connection, entry)
+    real = getattr(module, name)
+    failed: list[str] = []
+
+    def once(*args: Any) -> Any:
+        if not failed and any(isinstance(a, WorkEntry) for a in args):
+            failed.append(name)
+            raise OSError("the entry's write failed")
+        return real(*args)
+
+    monkeypatch.setattr(module, name, once)
+    core = SchedulerCore(SCOPE, sched, FakeJobs(Clock()), SchedulerOptions(), holder="h")
+    await core.start(loops=False)
+    await core.schedule("m", "pkg.jobs:J", {}, Every.hours(1))
+    await core.run_cycle()  # its enqueue fails: logged, the manifest's turn ends
+    assert failed
+    await core.run_cycle()
+    (entry,) = await sched.queued_entries(SCOPE, "m")
+    waiting = [r for r in await sched.list_runs(SCOPE, "m") if not r.status.is_finished]
+    assert [r.id for r in waiting] == [entry.run_id]

@@ -84,7 +84,13 @@ def test_memory_storage_cannot_be_read_without_a_cluster() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["trigger", "m"], ["requeue", "dl"], ["acknowledge", "dl", "--note", "n"]],
+    [
+        ["trigger", "m"],
+        ["requeue", "dl"],
+        ["acknowledge", "dl", "--note", "n"],
+        ["requeue-all"],
+        ["acknowledge-all", "hourly", "--note", "n"],
+    ],
     ids=lambda a: a[0],
 )
 def test_acting_commands_need_an_address(

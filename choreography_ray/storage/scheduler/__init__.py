@@ -6,17 +6,21 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
 
     manifests       key (scope, name). An upsert writes the definition (job_type, request,
                     schedule, namespace) always, and of the settings (max_retries,
-                    failure_window, replay_decisions_on_retry, enabled) only those stated in
-                    code; an unstated one keeps its stored value (new: its default).
+                    failure_window, replay_decisions_on_retry, enabled, timeout) only those
+                    stated in code; an unstated one keeps its stored value (new: its
+                    default).
     work_queue      key id. scope, manifest, status, holds_manifest_key, replays, resume_from,
                     scheduled_at, created_at. While QUEUED, at most one entry per manifest that
                     holds the manifest key, one per replayed run and one per resumed run:
                     unique partial indexes in SQLite, keyed marker documents in MongoDB
                     (`work_queue_keys`). Index (scope, status, scheduled_at) for the claim.
     runs            key id. scope, manifest, status, replays, queued_at, job_id. Indexes
-                    (scope, manifest, queued_at), (scope, queued_at), (replays), (job_id).
+                    (scope, manifest, queued_at), (scope, queued_at), (replays), (job_id),
+                    (scope, manifest, status) for `runs_in_play`.
     dead_letters    key id. scope, manifest, status, resolved_at. Indexes (scope, manifest,
-                    status), (status, resolved_at).
+                    status), (status, resolved_at). At most one AWAITING_INTERVENTION per
+                    manifest: a unique partial index in SQLite, a keyed marker document in
+                    MongoDB (`dead_letter_keys`).
     decisions       key (run_id, decision key): the first answer recorded for a key stays.
     checkpoints     key (run_id, stage).
     scheduler_locks key name ("scheduler/{scope}"): holder, acquired_at, expires_at (the
@@ -46,7 +50,7 @@ from choreography_ray.scheduler.records import (
     SchedulerLease,
     WorkEntry,
 )
-from choreography_ray.scheduler.status import DeadLetterStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
 from choreography_ray.storage import Storage
 
 
@@ -114,6 +118,13 @@ def settle_keys(
     )
 
 
+def in_play(run: ManifestRun, failed_since: datetime) -> bool:
+    """`run` is one `runs_in_play` returns (the reference for the providers' queries)."""
+    if not run.status.is_finished:
+        return True
+    return run.status is RunStatus.FAILED and run.counted_from >= failed_since
+
+
 def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
     """The fields of an entry queued again that give up the keys another entry took."""
     fields = {QueueKey.MANIFEST: ("holds_manifest_key", False), QueueKey.REPLAY: ("replays", None),
@@ -121,12 +132,25 @@ def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
     return dict(fields[k] for k in taken)
 
 
+def succeeds(holder: str, earlier: str) -> bool:
+    """`holder` is a later incarnation of `earlier`'s lineage. A holder is "{lineage}/
+    {incarnation}" (the scheduler actor's id, and a token of one activation that sorts by its
+    start); a holder without "/" has no incarnations."""
+    lineage, _, incarnation = holder.rpartition("/")
+    before, _, earlier_incarnation = earlier.rpartition("/")
+    return bool(lineage) and lineage == before and incarnation > earlier_incarnation
+
+
 def lease_for(
     stored: SchedulerLease | None, name: str, holder: str, ttl: timedelta, now: datetime
 ) -> SchedulerLease | None:
-    """The lease `acquire_lease` writes: a new one when none is stored or the stored one has
-    expired, the stored one extended when `holder` holds it; None when another holds it."""
-    if stored is not None and stored.holder != holder and stored.expires_at > now:
+    """The lease `acquire_lease` writes: a new one when none is stored, the stored one has
+    expired, or its holder is an earlier incarnation of `holder`'s lineage (a restarted actor:
+    Ray runs one incarnation of an actor at a time, so its predecessor is gone, and it need not
+    wait `lock_ttl` for its lease); the stored one extended when `holder` holds it; None when
+    another holds it (an earlier incarnation never takes it back before it expires)."""
+    held = stored is not None and stored.holder != holder and stored.expires_at > now
+    if held and stored is not None and not succeeds(holder, stored.holder):
         return None
     acquired = stored.acquired_at if stored is not None and stored.holder == holder else now
     return SchedulerLease(name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl)
@@ -195,8 +219,10 @@ class SchedulerStorage(Protocol):
         """A DISPATCHED entry whose dispatch failed is QUEUED again after `delay`. Keys another
         entry took meanwhile are given up (the entry stays queued without them)."""
 
-    async def cancel_entry(self, entry_id: str) -> bool:
-        """A QUEUED entry is CANCELLED; False when it was not queued."""
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+        """A QUEUED entry is CANCELLED, and `run` (its run, cancelled) saved in the same write
+        (MongoDB: the entry first; a failure between leaves a waiting run whose entry is
+        cancelled, which the next cycle settles); False when it was not queued."""
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None: ...
 
@@ -214,6 +240,13 @@ class SchedulerStorage(Protocol):
     ) -> list[ManifestRun]:
         """Newest (by `queued_at`) first."""
 
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        """The manifest's runs that have not finished (of any age), and its FAILED runs that
+        started at `failed_since` or later (one that never started: queued then); newest
+        first. What settling runs and counting failures read beyond the newest runs."""
+
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         """Every run, in any state, whose `replays` is `run_id`."""
 
@@ -222,7 +255,9 @@ class SchedulerStorage(Protocol):
         no scheduler run."""
 
     # dead letters
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None: ...
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
+        """Stores an AWAITING_INTERVENTION dead letter; False (nothing stored) when another of
+        its manifest awaits already: one per manifest, as a unique key."""
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None: ...
 
@@ -257,7 +292,8 @@ class SchedulerStorage(Protocol):
     # the scope's lock
     async def acquire_lease(self, name: str, holder: str, ttl: timedelta) -> SchedulerLease | None:
         """Takes the lease `name` for `holder` until the database's now plus `ttl` when it is
-        free or expired, or renews it when `holder` holds it; None when another holder holds
+        free, expired, or held by an earlier incarnation of `holder`'s lineage (`lease_for`),
+        or renews it when `holder` holds it; None when another holder holds
         it and it has not expired. Atomic: of two holders acquiring at once, one wins."""
 
     async def release_lease(self, name: str, holder: str) -> bool:

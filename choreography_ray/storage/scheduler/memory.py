@@ -27,6 +27,7 @@ from choreography_ray.storage.scheduler import (
     QueueKey,
     entry_keys,
     given_up_keys,
+    in_play,
     lease_for,
     merge_manifest,
     settle_keys,
@@ -153,11 +154,13 @@ class MemorySchedulerStorage:
         entry = self.entries[entry_id] = entry.model_copy(update=update)
         return entry
 
-    async def cancel_entry(self, entry_id: str) -> bool:
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
         entry = self.entries.get(entry_id)
         if entry is None or entry.status is not WorkStatus.QUEUED:
             return False
         self.entries[entry_id] = entry.model_copy(update={"status": WorkStatus.CANCELLED})
+        if run is not None:
+            self.runs[run.id] = run
         return True
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:
@@ -182,6 +185,13 @@ class MemorySchedulerStorage:
                  if r.scope == scope and (manifest is None or r.manifest == manifest)]  # fmt: skip
         return sorted(found, key=lambda r: r.queued_at, reverse=True)[:limit]
 
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        found = [r for r in self.runs.values() if (r.scope, r.manifest) == (scope, manifest)
+                 and in_play(r, failed_since)]  # fmt: skip
+        return sorted(found, key=lambda r: r.queued_at, reverse=True)
+
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return [r for r in self.runs.values() if r.replays == run_id]
 
@@ -189,8 +199,14 @@ class MemorySchedulerStorage:
         # A scan: the reference holds few runs, and a step host asks once per job.
         return next((r for r in self.runs.values() if r.job_id == job_id), None)
 
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
+        awaiting = DeadLetterStatus.AWAITING_INTERVENTION
+        key = (dead_letter.scope, dead_letter.manifest, awaiting)
+        rivals = [d for d in self.dead_letters.values() if (d.scope, d.manifest, d.status) == key]
+        if dead_letter.status is awaiting and rivals:
+            return False
         self.dead_letters[dead_letter.id] = dead_letter
+        return True
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         return self.dead_letters.get(dead_letter_id)

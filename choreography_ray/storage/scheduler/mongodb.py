@@ -9,8 +9,12 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
                       {name}", "replay/{run_id}" or "resume/{run_id}"; entry_id, created. The
                       unique `_id` is the one-queued-entry rule (nx-27017 has no partial index).
     runs              `_id` run id. Indexes (scope, manifest, queued_at), (scope, queued_at),
-                      (replays), (job_id).
+                      (replays), (job_id), (scope, manifest, status).
     dead_letters      `_id` id. Indexes (scope, manifest, status), (status, resolved_at).
+    dead_letter_keys  one marker per manifest with a dead letter AWAITING_INTERVENTION: `_id`
+                      '["{scope}", "{manifest}"]', dead_letter_id. Inserted before the dead
+                      letter, deleted when it is resolved; a marker whose dead letter is not
+                      awaiting (or was never written) is taken over.
     decisions         `_id` "{run_id}/{key}". Index (run_id).
     checkpoints       `_id` "{run_id}/{stage}". Index (run_id, stage).
     scheduler_locks   `_id` lease name ("scheduler/{scope}"). Taken by an insert (a second
@@ -18,7 +22,9 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
                       on the holder and expiry read just before: a compare-and-swap.
 
 A marker is inserted before its entry and deleted after the entry leaves QUEUED (claimed,
-cancelled, or its link cleared). A process that dies in between leaves a stale marker: one whose
+cancelled, or its link cleared), or at once when the entry's write fails. An enqueue writes the
+entry, then its run: a failure between leaves an entry with no run, which the scheduler's next
+cycle cancels. A process that dies in between leaves a stale marker: one whose
 entry is no longer queued, or (after `STALE_MARKER_SECONDS`) was never written, is taken over by
 the next writer of that key. A claim is a `find_one_and_update` filtered on status QUEUED, so of
 two dispatchers one wins each entry. The database's clock is the server's `hello.localTime`
@@ -53,13 +59,14 @@ from choreography_ray.scheduler.records import (
     SchedulerLease,
     WorkEntry,
 )
-from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkStatus
 from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import (
     Enqueued,
     QueueKey,
     entry_keys,
     given_up_keys,
+    in_play,
     lease_for,
     settle_keys,
 )
@@ -73,12 +80,19 @@ STALE_MARKER_SECONDS = 60.0
 _INDEXES = {
     "manifests": ["scope name"],
     "work_queue": ["scope status scheduled_at", "scope manifest"],
-    "runs": ["scope manifest queued_at", "scope queued_at", "replays", "job_id"],
+    "runs": [
+        "scope manifest queued_at",
+        "scope queued_at",
+        "replays",
+        "job_id",
+        "scope manifest status",
+    ],
     "dead_letters": ["scope manifest status", "status resolved_at"],
     "decisions": ["run_id"],
     "checkpoints": ["run_id stage"],
 }
 _QUEUED = WorkStatus.QUEUED.value
+_AWAITING = DeadLetterStatus.AWAITING_INTERVENTION.value
 
 
 def _iso(at: datetime) -> str:
@@ -266,8 +280,16 @@ class MongoSchedulerStorage:
                 "status": WorkStatus.QUEUED, "created_at": now, "run_id": result.run.id,
                 "scheduled_at": now + delay if delay > timedelta(0) else None,
             })  # fmt: skip
+            # The entry first, then its run: a failure between leaves an entry whose run was
+            # never written, which the next cycle cancels (a run with no entry would block its
+            # manifest). An entry that was not written gives its keys back at once.
+            try:
+                db.work_queue.insert_one(_doc(queued, queued.id))
+            except Exception:
+                with contextlib.suppress(Exception):
+                    _drop_keys(db, entry.id, markers)
+                raise
             db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
-            db.work_queue.insert_one(_doc(queued, queued.id))
             return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
 
         return await self._run(write)
@@ -329,12 +351,14 @@ class MongoSchedulerStorage:
 
         return _parse(WorkEntry, "work_queue", await self._run(write))
 
-    async def cancel_entry(self, entry_id: str) -> bool:
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
         def write(db: Database[Doc]) -> bool:
             only = {"_id": entry_id, "status": _QUEUED}
             done = db.work_queue.update_one(only, {"$set": {"status": WorkStatus.CANCELLED.value}})
             if done.matched_count:
                 _drop_keys(db, entry_id)
+                if run is not None:  # after the entry: the cycle settles a run left waiting
+                    db.runs.replace_one({"_id": run.id}, _doc(run, run.id), upsert=True)
             return bool(done.matched_count)
 
         return await self._run(write)
@@ -371,6 +395,21 @@ class MongoSchedulerStorage:
         docs = await self._run(lambda db: list(db.runs.find(query).sort(order).limit(limit)))
         return _parse_all(ManifestRun, "runs", docs)
 
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        # A superset (a run starts after it is queued), narrowed by `in_play`: on nx-27017 the
+        # exact query missed a FAILED run with no `started_at` queued since.
+        since = _iso(failed_since)
+        unfinished = [s.value for s in RunStatus if not s.is_finished]
+        query: Doc = {"scope": scope, "manifest": manifest, "$or": [
+            {"status": {"$in": unfinished}}, {"started_at": {"$gte": since}},
+            {"queued_at": {"$gte": since}},
+        ]}  # fmt: skip
+        order = [("queued_at", -1), ("_id", -1)]
+        docs = await self._run(lambda db: list(db.runs.find(query).sort(order)))
+        return [r for r in _parse_all(ManifestRun, "runs", docs) if in_play(r, failed_since)]
+
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         docs = await self._run(lambda db: list(db.runs.find({"replays": run_id})))
         return _parse_all(ManifestRun, "runs", docs)
@@ -380,9 +419,33 @@ class MongoSchedulerStorage:
         return _parse(ManifestRun, "runs", doc)
 
     # dead letters
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
         doc = _doc(dead_letter, dead_letter.id)
-        await self._run(lambda db: db.dead_letters.insert_one(doc))
+        key = {"_id": _manifest_id(dead_letter.scope, dead_letter.manifest)}
+
+        def write(db: Database[Doc]) -> bool:
+            # The marker first: one awaiting dead letter per manifest. A marker whose dead
+            # letter was resolved, or never written, is stale and taken over.
+            if dead_letter.status.value != _AWAITING:
+                db.dead_letters.insert_one(doc)
+                return True
+            try:
+                db.dead_letter_keys.insert_one({**key, "dead_letter_id": dead_letter.id})
+            except mongo.DuplicateKeyError:
+                held = db.dead_letter_keys.find_one(key) or {}
+                holder = db.dead_letters.find_one({"_id": held.get("dead_letter_id")})
+                if holder is not None and holder.get("status") == _AWAITING:
+                    return False
+                swapped = db.dead_letter_keys.replace_one(
+                    {**key, "dead_letter_id": held.get("dead_letter_id")},
+                    {**key, "dead_letter_id": dead_letter.id},
+                )
+                if not swapped.matched_count:
+                    return False  # another took it over first
+            db.dead_letters.insert_one(doc)
+            return True
+
+        return await self._run(write)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         doc = await self._run(lambda db: db.dead_letters.find_one({"_id": dead_letter_id}))
@@ -405,11 +468,14 @@ class MongoSchedulerStorage:
     ) -> DeadLetter | None:
         def write(db: Database[Doc]) -> Doc | None:
             change = {"status": status.value, "resolved_at": _iso(_server_now(db)), "note": note}
-            return db.dead_letters.find_one_and_update(
-                {"_id": dead_letter_id, "status": DeadLetterStatus.AWAITING_INTERVENTION.value},
+            resolved = db.dead_letters.find_one_and_update(
+                {"_id": dead_letter_id, "status": _AWAITING},
                 {"$set": change},
                 return_document=ReturnDocument.AFTER,
             )
+            if resolved is not None:
+                db.dead_letter_keys.delete_one({"dead_letter_id": dead_letter_id})
+            return resolved
 
         return _parse(DeadLetter, "dead_letters", await self._run(write))
 

@@ -10,10 +10,13 @@ Each table holds the record's JSON (`doc`, the truth) beside the columns it is f
                     NOT NULL. Index (scope, status, scheduled_at).
     runs            id TEXT PRIMARY KEY, scope, manifest, status, replays, queued_at, doc.
                     Indexes (scope, manifest, queued_at), (scope, queued_at), (replays),
-                    and on the expression `json_extract(doc, '$.job_id')` (`run_for_job`: an
-                    expression index, so a file laid out before it needs no new column).
+                    (scope, manifest, status) (`runs_in_play`), and on the expression
+                    `json_extract(doc, '$.job_id')` (`run_for_job`: an expression index, so
+                    a file laid out before it needs no new column).
     dead_letters    id TEXT PRIMARY KEY, scope, manifest, status, dead_lettered_at,
-                    resolved_at, doc. Indexes (scope, manifest, status), (status, resolved_at).
+                    resolved_at, doc. Indexes (scope, manifest, status), (status, resolved_at);
+                    unique partial index (scope, manifest) WHERE status is
+                    'AwaitingIntervention': one awaiting dead letter per manifest.
     decisions       WITHOUT ROWID. PRIMARY KEY (run_id, key), doc.
     checkpoints     WITHOUT ROWID. PRIMARY KEY (run_id, stage), doc.
     scheduler_locks WITHOUT ROWID. name TEXT PRIMARY KEY, doc: read and written in one
@@ -39,6 +42,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from choreography_ray.errors import CorruptRecordError
+from choreography_ray.logs import get_logger
 from choreography_ray.model import check_schema_version
 from choreography_ray.scheduler.records import (
     Checkpoint,
@@ -49,7 +53,7 @@ from choreography_ray.scheduler.records import (
     SchedulerLease,
     WorkEntry,
 )
-from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkStatus
 from choreography_ray.storage.scheduler import (
     Enqueued,
     QueueKey,
@@ -60,6 +64,8 @@ from choreography_ray.storage.scheduler import (
     settle_keys,
 )
 from choreography_ray.storage.sqlite import SqliteStorage, shadow_missing
+
+log = get_logger(__name__)
 
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
@@ -85,6 +91,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_manifest ON runs (scope, manifest, queued_at);
 CREATE INDEX IF NOT EXISTS runs_scope ON runs (scope, queued_at);
 CREATE INDEX IF NOT EXISTS runs_replays ON runs (replays);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (scope, manifest, status);
 CREATE INDEX IF NOT EXISTS runs_job ON runs (json_extract(doc, '$.job_id'));
 CREATE TABLE IF NOT EXISTS dead_letters (
     id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
@@ -103,6 +110,11 @@ CREATE TABLE IF NOT EXISTS scheduler_locks (
 #: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
 _NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
 _QUEUED = WorkStatus.QUEUED.value
+_AWAITING = DeadLetterStatus.AWAITING_INTERVENTION.value
+#: One dead letter per manifest awaits intervention (created apart: an older file may hold two).
+_ONE_AWAITING = f"""CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_unique_awaiting ON
+    dead_letters (scope, manifest) WHERE status = '{_AWAITING}'"""
+_UNFINISHED = ", ".join(f"'{s.value}'" for s in RunStatus if not s.is_finished)
 #: The expression the `runs_job` index is on: a query must name it exactly to use the index.
 _RUN_JOB = "json_extract(doc, '$.job_id')"
 _ENTRY_COLUMNS = "id, scope, manifest, status, holds_manifest_key, replays, resume_from, " \
@@ -347,8 +359,10 @@ class SqliteSchedulerStorage:
 
         return await self._transact(self._change(entry_id, WorkStatus.DISPATCHED, change))
 
-    async def cancel_entry(self, entry_id: str) -> bool:
+    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
         def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
+            if run is not None:
+                _save_run(c, run)
             return entry.model_copy(update={"status": WorkStatus.CANCELLED})
 
         return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change)) is not None
@@ -373,6 +387,16 @@ class SqliteSchedulerStorage:
         order = "queued_at DESC, id DESC"
         return await self._find(ManifestRun, "runs", order, limit, scope=scope, manifest=manifest)
 
+    async def runs_in_play(
+        self, scope: str, manifest: str, failed_since: datetime
+    ) -> list[ManifestRun]:
+        # A run counts from its start, or (never started) from when it was queued.
+        sql = f"""SELECT id, doc FROM runs WHERE scope = ? AND manifest = ? AND (status IN
+            ({_UNFINISHED}) OR (status = ? AND julianday(COALESCE(json_extract(doc,
+            '$.started_at'), queued_at)) >= julianday(?))) ORDER BY queued_at DESC, id DESC"""
+        rows = await self._docs(sql, scope, manifest, RunStatus.FAILED.value, _iso(failed_since))
+        return self._parsed(ManifestRun, "runs", rows)
+
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return await self._find(ManifestRun, "runs", replays=run_id)
 
@@ -381,8 +405,19 @@ class SqliteSchedulerStorage:
         return next(iter(self._parsed(ManifestRun, "runs", await self._docs(sql, job_id))), None)
 
     # dead letters
-    async def add_dead_letter(self, dead_letter: DeadLetter) -> None:
-        await self._transact(lambda c: _save_dead_letter(c, dead_letter))
+    async def add_dead_letter(self, dead_letter: DeadLetter) -> bool:
+        def add(c: sqlite3.Connection) -> bool:
+            # Checked in the write's transaction; the unique index is the backstop.
+            awaiting = c.execute(
+                "SELECT 1 FROM dead_letters WHERE scope = ? AND manifest = ? AND status = ?",
+                (dead_letter.scope, dead_letter.manifest, _AWAITING),
+            ).fetchone()
+            if awaiting is not None and dead_letter.status.value == _AWAITING:
+                return False
+            _save_dead_letter(c, dead_letter)
+            return True
+
+        return await self._transact(add)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         return next(iter(await self._find(DeadLetter, "dead_letters", id=dead_letter_id)), None)
@@ -478,6 +513,11 @@ class SqliteSchedulerStorage:
 def _lay_out(c: sqlite3.Connection) -> None:
     for statement in filter(str.strip, _LAYOUT.split(";")):
         c.execute(statement)
+    try:
+        c.execute(_ONE_AWAITING)
+    except sqlite3.IntegrityError:  # a file written before it, with two awaiting: checked anyway
+        log.warning("dead_letters: two dead letters of one manifest await intervention; the "
+                    "unique index waits until one is resolved")  # fmt: skip
 
 
 def _unlink(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:

@@ -53,12 +53,18 @@ class Started:
 @dataclass
 class FakeJobs:
     """Jobs that end at once as `ends_as`; the next `unreachable` starts never reach a
-    manager, and `refuse` makes the manager refuse every job."""
+    manager, the next `lost_answers` start their job but their answer is lost (a timeout), and
+    `refuse` makes the manager refuse every job. The managers of the namespaces in `stuck`
+    never answer a start; those in `slow` start the job, then never answer. A start of an id
+    that exists is refused as the manager does (`JOB_ALREADY_EXISTS`, not reached)."""
 
     clock: Clock
     ends_as: JobView = SUCCEEDS
     unreachable: int = 0
+    lost_answers: int = 0
     refuse: bool = False
+    stuck: set[str] = field(default_factory=set)
+    slow: set[str] = field(default_factory=set)
     jobs: dict[str, JobView] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
     attempts: list[datetime] = field(default_factory=list)
@@ -69,6 +75,8 @@ class FakeJobs:
     checkpointing: set[str] = field(default_factory=set)
     #: Called with each started job's id, as the job's steps would run: before it returns.
     on_start: Callable[[str], Coroutine[Any, Any, None]] | None = None
+    #: Jobs stopped (a run past its timeout), in order.
+    stopped: list[str] = field(default_factory=list)
     #: Jobs released once their run settled, in order.
     released: list[str] = field(default_factory=list)
     #: Releases raise this (a jobs manager that cannot be reached).
@@ -84,6 +92,10 @@ class FakeJobs:
         resume_after: ResumeAfter | None = None,
     ) -> str:
         self.attempts.append(self.clock())
+        if namespace in self.stuck:
+            await asyncio.Event().wait()
+        if job_id in self.jobs:
+            raise DispatchError(f"job {job_id} exists already", reached=False)
         if self.unreachable:
             self.unreachable -= 1
             raise DispatchError("the jobs manager did not answer", reached=False)
@@ -101,10 +113,20 @@ class FakeJobs:
         self.types.append(job_type)
         if self.on_start is not None:
             await self.on_start(job_id)
+        if namespace in self.slow:
+            await asyncio.Event().wait()
+        if self.lost_answers:
+            self.lost_answers -= 1
+            raise TimeoutError("the jobs manager's answer was lost")
         return job_id
 
     async def job_views(self, job_ids: Collection[str]) -> dict[str, JobView]:
         return {j: self.jobs[j] for j in job_ids if j in self.jobs}
+
+    async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
+        """As the manager does: the job is stopped, and (no step holding it) its stop final."""
+        self.stopped.append(job_id)
+        self.jobs[job_id] = JobView(JobStatus.STOPPED, stop_finalized=True)
 
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         if self.release_error is not None:

@@ -94,7 +94,7 @@ def test_a_requeued_dead_letter_and_resume_execution_start_after_the_checkpoint(
         await h.run_for(2)
         (letter,) = await core.dead_letters("m")
         requeued = await core.requeue(letter.id)
-        await h.run_for(1)
+        await h.run_for(1.5)  # started, then settled FAILED: only a finished run resumes
         assert h.jobs.started[-1].resume_after is not None
         assert h.jobs.started[-1].resume_after.source == letter.run_id
         assert (await h.storage.get_run(requeued)).resumed_from == letter.run_id  # type: ignore[union-attr]
@@ -114,7 +114,7 @@ def test_resume_execution_of_a_run_without_a_checkpoint_runs_from_the_top() -> N
         core = await h.start()
         await core.schedule("m", JOB, {}, Cron(expression="0 3 * * *"))
         await core.trigger("m")
-        await h.run_for(1)
+        await h.run_for(1.5)
         (failed,) = await core.runs("m")
         resumed = await core.resume_execution(failed.id)
         await h.run_for(1)

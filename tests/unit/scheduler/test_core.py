@@ -84,12 +84,16 @@ def test_a_requeued_manifest_starts_fresh_and_runs_at_once() -> None:
         (resolved,) = await core.dead_letters("m")
         assert resolved.status is DeadLetterStatus.RETRIED and resolved.resolved_at is not None
         # The count starts afresh: its failure is the first counted one, so it is not
-        # dead-lettered; being off-schedule, its retry waits for the next occurrence (10 min).
-        await h.run_for(20)
+        # dead-lettered. The failures the dead letter set aside settled nothing: the manifest
+        # is still due, so its retries follow after their backoff (2 s, 4 s), not an interval.
+        await h.run_for(1.5)
         assert len(h.starts()) == 4
         assert [d.status for d in await core.dead_letters("m")] == [DeadLetterStatus.RETRIED]
-        await h.run_for(600)
-        assert len(h.starts()) == 7  # the occurrence's run and its two retries
+        await h.run_for(10)
+        starts = h.starts()
+        assert len(starts) == 6, starts  # the requeue and its two retries
+        gaps = [b - a for a, b in itertools.pairwise(starts[3:])]
+        assert all(e <= g <= e + 1.5 for g, e in zip(gaps, (2, 4), strict=True)), gaps
         assert [d.status for d in await core.dead_letters("m")] == [
             DeadLetterStatus.AWAITING_INTERVENTION,
             DeadLetterStatus.RETRIED,
@@ -235,7 +239,7 @@ def test_resume_execution__one_queued_resume_per_run() -> None:
         core = await h.start()
         await core.schedule("m", JOB, {}, Cron(expression="0 3 * * *"))
         await core.trigger("m")
-        await h.run_for(1)
+        await h.run_for(1.5)
         (failed,) = await core.runs("m")
         resumed = await core.resume_execution(failed.id)
         with pytest.raises(SchedulerOperationError) as refused:
@@ -313,6 +317,23 @@ def test_lock__a_second_scheduler_runs_nothing_and_refuses_changes_until_it_is_f
         assert await second.lock.keep()
         await second.schedule("m", JOB, {}, Every.hours(1))
         assert [m.name for m in await second.manifests()] == ["m"]
+
+    run(scenario)
+
+
+def test_lock__a_restarted_actor_takes_its_predecessors_lease_over_at_once() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        before = h.new_core("actor-1/0001")
+        await before.start(loops=False)
+        restarted = h.new_core("actor-1/0002")  # the same actor's next incarnation
+        await restarted.start(loops=False)
+        assert restarted.lock.held
+        await restarted.schedule("m", JOB, {}, Every.hours(1))  # not NOT_LOCK_HOLDER
+        assert not await before.lock.keep()  # an earlier incarnation never takes it back
+        other = h.new_core("actor-2/0003")  # another actor waits for the lease to expire
+        await other.start(loops=False)
+        assert not other.lock.held
 
     run(scenario)
 

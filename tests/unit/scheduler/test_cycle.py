@@ -114,10 +114,22 @@ def test_a_success_ends_the_backoff_but_its_failures_still_count() -> None:
     assert isinstance(verdict, DeadLetterIt) and verdict.retry_count == 3
 
 
-def test_failures_set_aside_by_the_window_are_not_retried() -> None:
+def test_failures_set_aside_by_the_window_are_not_retried_but_leave_the_manifest_due() -> None:
     m = manifest(schedule=Every(interval=timedelta(days=2)))
     old = failed(T0 - 30 * HOUR, occurrence=T0 - 30 * HOUR)
-    assert plan(m, old) == Wait(cycle.WaitReason.NOT_DUE)
+    assert plan(m, old) == Queue(occurrence=T0)  # asked afresh, at once: no retry, no delay
+
+
+def test_failures_set_aside_by_a_requeue_do_not_move_the_schedule() -> None:
+    """A requeued run that fails is retried after its backoff, not an interval later; a
+    one-off is retried again after its requeue fails."""
+    letter = dead_letter(DeadLetterStatus.RETRIED, resolved_at=T0 - 15 * MINUTE)
+    set_aside = [failed(T0 - n * 10 * MINUTE, occurrence=T0 - 60 * MINUTE) for n in range(2, 6)]
+    requeued = failed(T0 - 10 * MINUTE, kind=EntryKind.DEAD_LETTER_REQUEUE)
+    for schedule in (Every.hours(1), OnceAt(at=T0 - 60 * MINUTE)):
+        queued = plan(manifest(schedule=schedule), *set_aside, requeued, dead_letters=[letter])
+        assert isinstance(queued, Queue) and queued.is_retry, schedule
+        assert queued.delay == timedelta(minutes=5)
 
 
 def test_dead_letter__max_retries_zero_on_the_first_failure() -> None:

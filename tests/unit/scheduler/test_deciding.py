@@ -314,7 +314,7 @@ def test_a_retry_of_a_failed_run_replays_its_answers_once_and_the_next_asks_afre
     run(scenario)
 
 
-def test_a_run_is_linked_to_its_job_before_it_starts_and_unlinked_if_it_never_does() -> None:
+def test_a_run_is_linked_to_its_job_before_it_starts_and_keeps_the_id_if_it_never_does() -> None:
     async def scenario() -> None:
         h = Harness()
         seen: list[ManifestRun | None] = []
@@ -328,15 +328,16 @@ def test_a_run_is_linked_to_its_job_before_it_starts_and_unlinked_if_it_never_do
         await core.schedule("m", JOB, {}, Every.minutes(10))
         await h.run_for(1)
         (requeued,) = await core.runs("m")
-        assert requeued.status is RunStatus.DISPATCH_REQUEUED and requeued.job_id is None
+        # It keeps the id it chose: the next attempt starts that id (a late start is found).
+        assert requeued.status is RunStatus.DISPATCH_REQUEUED and requeued.job_id is not None
         await h.run_for(10)
         (started,) = await core.runs("m")
-        assert started.job_id is not None and [r and r.id for r in seen] == [started.id]
+        assert started.job_id == requeued.job_id and [r and r.id for r in seen] == [started.id]
 
     run(scenario)
 
 
-def test_a_run_an_activation_claimed_and_linked_but_never_started_is_handed_back_unlinked() -> None:
+def test_a_run_an_activation_claimed_and_linked_but_never_started_is_handed_back() -> None:
     async def scenario() -> None:
         h = Harness()
         core = await h.start()
@@ -350,8 +351,10 @@ def test_a_run_an_activation_claimed_and_linked_but_never_started_is_handed_back
         await core.run_cycle()
         handed_back = await h.storage.get_run(entry.run_id)
         assert handed_back is not None and handed_back.status is RunStatus.DISPATCH_REQUEUED
-        assert handed_back.job_id is None
-        assert await h.storage.run_for_job("never-started") is None
+        await h.run_for(10)  # dispatched again, with the id it chose
+        (started,) = await core.runs("m")
+        assert started.status is RunStatus.SUCCEEDED and started.job_id == "never-started"
+        assert [s.job_id for s in h.jobs.started] == ["never-started"]
 
     run(scenario)
 

@@ -10,7 +10,7 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.scheduler import failures
 from choreography_ray.scheduler.dispatching import after_dispatch_failure
 from choreography_ray.scheduler.options import SchedulerOptions
-from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, EntryKind, RunStatus
 from tests.unit.scheduler.factory import T0, dead_letter, failed, manifest, run
 
 OPTIONS = SchedulerOptions()
@@ -102,6 +102,21 @@ def test_backoff_warning__none_with_the_defaults() -> None:
     assert failures.backoff_warning(OPTIONS) is None
 
 
+def test_backoff_total__in_closed_form_for_any_number_of_retries() -> None:
+    # 5, 10, 20, 40 minutes, then the 1 hour cap for every further retry.
+    first_four = timedelta(minutes=75)
+    assert failures.backoff_total(4, OPTIONS) == first_four
+    huge = 2**31 - 1
+    assert failures.backoff_total(huge, OPTIONS) == first_four + (huge - 4) * timedelta(hours=1)
+    assert failures.backoff_warning(OPTIONS, max_retries=huge) is not None
+    unbounded = SchedulerOptions(max_retry_delay=timedelta(days=10**6))
+    assert failures.backoff_total(huge, unbounded) == timedelta.max
+    for retries in range(0, 80, 7):  # the closed form is the sum, delay by delay
+        one_by_one = sum((failures.retry_delay(n, OPTIONS) for n in range(1, retries + 1)),
+                         timedelta(0))  # fmt: skip
+        assert failures.backoff_total(retries, OPTIONS) == one_by_one
+
+
 def test_backoff_warning__when_the_backoff_of_the_retries_reaches_the_window() -> None:
     options = SchedulerOptions(failure_count_window=timedelta(minutes=35))
     warning = failures.backoff_warning(options)
@@ -144,3 +159,15 @@ def test_scheduler_option_defaults_are_the_specs(name: str, default: object) -> 
 def test_scheduler_options_read_from_json_with_seconds() -> None:
     options = JobsOptions.model_validate({"scheduler": {"manifest_cycle": 0.5}})
     assert options.scheduler.manifest_cycle == timedelta(milliseconds=500)
+
+
+def test_a_requeues_run_that_never_started_counts_after_its_dead_letter() -> None:
+    """The requeue queues its run (with the dead letter's id), then resolves the dead letter:
+    the run is the first after the resolution even though it was queued just before it."""
+    letter = dead_letter(DeadLetterStatus.RETRIED, resolved_at=T0)
+    never_started = failed(T0 - timedelta(milliseconds=5), id=letter.id, started_at=None,
+                           kind=EntryKind.DEAD_LETTER_REQUEUE)  # fmt: skip
+    older = failed(T0 - timedelta(minutes=10))
+    counted = failures.counted_failures([never_started, older], manifest(), [letter], OPTIONS,
+                                        T0 + timedelta(minutes=1))  # fmt: skip
+    assert counted == [never_started]

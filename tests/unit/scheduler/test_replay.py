@@ -149,6 +149,25 @@ def test_requeue__of_a_replay_that_never_ran_follows_its_kept_link() -> None:
     assert found == Link(source.id)
 
 
+def test_requeue__of_a_run_that_ran_replaying_asks_afresh() -> None:
+    source = failed(T0 - MINUTE)
+    replayed = failed(T0, replays=source.id)
+    assert replay.requeue_source(replayed) is None
+    found = replay.requeue_link(
+        replayed, runs=[source, replayed], queued=[], recorded_decisions=1, ask_afresh=False
+    )
+    assert found == Link(None, AskAfresh.REPLAYED_ANOTHER_RUN)
+
+
+def test_dispatch__a_requeue_of_a_replay_that_never_ran_took_its_link_over() -> None:
+    never_ran = failed(T0, replays="x", started_at=None)
+    entry = WorkEntry(scope="s", manifest="m", run_id="r", replays="x",
+                      kind=EntryKind.REQUEUE_EXECUTION, requeues=never_ran.id)  # fmt: skip
+    assert replay.dispatch_link(entry, manifest(), [never_ran]) == Link("x")
+    other = entry.model_copy(update={"requeues": None})
+    assert replay.dispatch_link(other, manifest(), [never_ran]).replays is None
+
+
 def test_messages_are_the_specs() -> None:
     assert replay.opt_out_message(2) == (
         "2 queued retry(s) no longer replay a failed run's decisions."
