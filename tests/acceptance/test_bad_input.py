@@ -51,6 +51,9 @@ SENTINEL_LOG = Path(tempfile.gettempdir()) / "choreography-import-sentinel.log"
 
 # -- the CLI's input ------------------------------------------------------------------------------
 
+#: One xdist worker runs the whole module: its module's local Ray.
+pytestmark = pytest.mark.xdist_group("bad-input")
+
 
 def test_cli_run__malformed_request_json__exits_2_and_stores_nothing(
     tmp_path: Path, storage_url: str

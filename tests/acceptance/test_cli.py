@@ -42,6 +42,9 @@ HEAD_START_SECONDS = 120
 #: How long the head may take to exit once interrupted, in seconds.
 HEAD_STOP_SECONDS = 30
 
+#: One xdist worker runs the whole module: its module's Ray head.
+pytestmark = pytest.mark.xdist_group("cli-head")
+
 
 def cli_env() -> dict[str, str]:
     """This environment with the repository root on PYTHONPATH (Ray workers import the job

@@ -38,6 +38,9 @@ RUN_AS_FILE = {
     "ray_apps_1.py": ROOT / "docs" / "examples" / "ray_app.py",
 }
 
+#: One xdist worker runs the whole module: its scripts run from a pool the module starts.
+pytestmark = pytest.mark.xdist_group("docs-blocks")
+
 
 def blocks() -> list[tuple[str, str]]:
     found = []

@@ -92,14 +92,17 @@ def test_dead_letters__requeue_and_acknowledge_through_the_scheduler(
     connect: Any, scope: str, storage_url: str, dashboard: Client
 ) -> None:
     scheduler = connect().scheduler(scope)
-    scheduler.schedule(
-        "later", FanOut, FanOutRequest(count=2), once_at=utcnow() + timedelta(days=1)
-    )
+    # One dead letter awaits per manifest (storage refuses a second): one manifest each.
+    letters_of = {"dl-requeue": "later", "dl-acknowledge": "later-too"}
+    for name in letters_of.values():
+        scheduler.schedule(
+            name, FanOut, FanOutRequest(count=2), once_at=utcnow() + timedelta(days=1)
+        )
 
     async def letters(storage):  # type: ignore[no-untyped-def]
-        for letter_id in ("dl-requeue", "dl-acknowledge"):
-            await scheduler_storage(storage).add_dead_letter(DeadLetter(
-                id=letter_id, scope=scope, manifest="later", retry_count_at_dead_letter=4,
+        for letter_id, name in letters_of.items():
+            assert await scheduler_storage(storage).add_dead_letter(DeadLetter(
+                id=letter_id, scope=scope, manifest=name, retry_count_at_dead_letter=4,
                 reason="4 failures in 24 h",
             ))  # fmt: skip
 
@@ -116,7 +119,7 @@ def test_dead_letters__requeue_and_acknowledge_through_the_scheduler(
     twice = act(dashboard, f"{base}/dl-acknowledge/acknowledge", note="again")
     assert twice.status_code == 409 and 'id="error-code">DeadLetterAlreadyResolved<' in twice.text
 
-    resolved = {d.id: d for d in scheduler.dead_letters("later")}
+    resolved = {d.id: d for name in letters_of.values() for d in scheduler.dead_letters(name)}
     assert resolved["dl-requeue"].status is DeadLetterStatus.RETRIED
     assert resolved["dl-acknowledge"].status is DeadLetterStatus.ACKNOWLEDGED
     assert resolved["dl-acknowledge"].note == "known outage"

@@ -25,7 +25,8 @@ from tests.dashboard.client import TOKEN
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.support import RAY_NAMESPACE, eventually, free_port
 
-pytestmark = pytest.mark.browser
+#: One xdist worker runs the whole module: its module's browser and app.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
 
 #: Where Debian installs the browser and its driver.
 CHROMIUM = ("chromium", "chromium-browser")

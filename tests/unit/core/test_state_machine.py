@@ -541,6 +541,10 @@ JobMachine.TestCase.settings = settings(
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    # The same sequences every run: the test tier is never flaky. New sequences are explored
+    # with `explore` (docs/testing.md), and what they find becomes a test.
+    derandomize=True,
+    database=None,
 )
 TestJobMachine = JobMachine.TestCase
 
@@ -589,6 +593,10 @@ StorageFaultsJobMachine.TestCase.settings = settings(
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    # The same sequences every run: the test tier is never flaky. New sequences are explored
+    # with `explore` (docs/testing.md), and what they find becomes a test.
+    derandomize=True,
+    database=None,
 )
 TestStorageFaultsJobMachine = StorageFaultsJobMachine.TestCase
 
