@@ -23,7 +23,10 @@ from choreography_ray.storage import Storage
 from tests.acceptance.test_cli import REFUSE_SECONDS, REPO, cli, cli_env, explain
 from tests.support import free_port, in_storage, left_behind, seed_job
 
-pytestmark = pytest.mark.timeout(120)
+#: The slow tier: each test runs the CLI as a subprocess several times (about 5 s a test). In
+#: the default tier, tests/unit/test_cli_jobs.py checks the commands' rules in-process and
+#: tests/runtime/test_cli_jobs.py runs the acting commands as subprocesses.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 JOB_TYPE = "pkg.pipelines:Reindex"
 STEP_TYPE = "pkg.pipelines:Shard"
