@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support import free_port, with_default_sigint
 
 REPO = Path(__file__).resolve().parents[1]
 #: How long `ray start --head` may take until its GCS answers, in seconds.
@@ -99,7 +99,7 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterato
     ]  # fmt: skip
     log_path = Path(temp_dir) / "ray-start.log"
     log = open(log_path, "w+b")  # noqa: SIM115 - closed below
-    head = subprocess.Popen(command, cwd=REPO, env=head_env, stdout=log,
+    head = subprocess.Popen(with_default_sigint(command), cwd=REPO, env=head_env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + HEAD_START_SECONDS

@@ -15,10 +15,11 @@ import json
 import os
 import random
 import socket
+import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -56,6 +57,23 @@ def eventually(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
         time.sleep(every)
+
+
+# -- subprocesses ---------------------------------------------------------------------------------
+
+#: Execs its arguments with SIGINT at its default disposition.
+_EXEC_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def with_default_sigint(command: Sequence[str]) -> list[str]:
+    """`command`, run with SIGINT at its default. A process started where SIGINT is ignored (a
+    background job of a script without job control, as CI may run the tests) hands the ignoring
+    on through exec, and Python then never raises KeyboardInterrupt: a test that interrupts its
+    subprocess would find the interrupt ignored (the Ctrl-C test of `run` failed so)."""
+    return [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, *command]
 
 
 # -- storage --------------------------------------------------------------------------------------

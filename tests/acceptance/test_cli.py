@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from choreography_ray.model import JobState
-from tests.support import eventually, free_port, in_storage, missing_service
+from tests.support import eventually, free_port, in_storage, missing_service, with_default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TYPE = "tests.acceptance.acceptance_jobs:Greet"
@@ -294,8 +294,8 @@ def ray_head() -> Iterator[RayHead]:
         "--num-cpus", "2", "--disable-usage-stats",
     ]  # fmt: skip
     log = open(Path(temp_dir) / "ray-start.log", "w+b")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(with_default_sigint(command), cwd=REPO, env=env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     head = RayHead(f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}", env)
     try:
         deadline = time.monotonic() + HEAD_START_SECONDS

@@ -17,7 +17,7 @@ import pytest
 
 from choreography_ray.model import JobState
 from tests.acceptance.test_cli import REPO, cli, cli_env, explain
-from tests.support import free_port, in_storage
+from tests.support import free_port, in_storage, with_default_sigint
 
 #: How long the server may take to print its address, in seconds.
 START_SECONDS = 60
@@ -26,7 +26,7 @@ START_SECONDS = 60
 def start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """The dashboard's process and what it printed up to the line after its address."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "choreography_ray.cli", "dashboard", *args],
+        with_default_sigint([sys.executable, "-m", "choreography_ray.cli", "dashboard", *args]),
         cwd=REPO, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip

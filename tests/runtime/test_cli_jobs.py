@@ -20,7 +20,7 @@ import ray
 
 import choreography_ray as cr
 from tests.runtime.cli_jobs import Held, HoldRequest
-from tests.support import RAY_NAMESPACE, eventually, in_storage
+from tests.support import RAY_NAMESPACE, eventually, in_storage, with_default_sigint
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD = "tests.runtime.cli_jobs:Held"
@@ -138,9 +138,9 @@ class Run:
         # Steps that hold until stopped: the job cannot finish before the interrupt reaches it.
         request.write_text(json.dumps({"count": 2, "seconds": 3600}), encoding="utf-8")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "choreography_ray.cli", "run", HELD, "--request",
-             str(request), "--storage", url, "--scope", scope, "--address", address,
-             "--ray-namespace", RAY_NAMESPACE, *extra],
+            with_default_sigint([sys.executable, "-m", "choreography_ray.cli", "run", HELD,
+                                 "--request", str(request), "--storage", url, "--scope", scope,
+                                 "--address", address, "--ray-namespace", RAY_NAMESPACE, *extra]),
             cwd=ROOT, env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
