@@ -44,6 +44,7 @@ def test_run_job__a_job_ends_when_it_stored_its_end_and_a_latency_when_a_poll_sa
     if seen:
         assert seconds >= GAP_SECONDS
     else:
-        # From the driver's `start` call (just before the record's `created`) to the end.
+        # From the driver's `start` call (just before the record's `created`) to the stored
+        # end, not to the poll that saw it (GAP_SECONDS later). No bound on the job's own time:
+        # on a loaded machine three 0.3 s steps took 11 s (a fresh-clone CI run).
         assert stored <= seconds < stored + 0.5
-        assert seconds < GAP_SECONDS
