@@ -103,16 +103,15 @@ def _end_the_tests_actors(request: pytest.FixtureRequest) -> Iterator[None]:
     if before is None or not ray.is_initialized():
         return
     namespaces = {namespace for namespace, _ in before} | {RAY_NAMESPACE}
-    jobs: set[str] = set()
+    left: list[tuple[str, str]] = []  # the test's job actors and dedicated steps
     for namespace, name in sorted(_named_actors() - before):
         if name.startswith(OWN_ACTORS) or namespace not in namespaces:
             _kill(namespace, name)
         elif name.startswith(JOB_ACTORS):
-            jobs.add(name.split("/")[1])
-    running = _unsettled(url, jobs)
-    for namespace, name in sorted(_named_actors() - before):
-        if name.startswith(JOB_ACTORS):
-            _kill(namespace, name)
+            left.append((namespace, name))
+    running = _unsettled(url, {name.split("/")[1] for _, name in left})
+    for namespace, name in left:
+        _kill(namespace, name)
     if running:
         pytest.fail(
             f"the test left jobs running: {sorted(running)}; stop or remove them before it ends"
