@@ -35,6 +35,7 @@ from choreography_ray.core.metrics import (
     Tally,
     TimedWrites,
 )
+from choreography_ray.core.mode import Mode, check_mode
 from choreography_ray.core.planning import (
     FEED_STATUSES,
     PLAN_WRITE,
@@ -113,6 +114,8 @@ class JobCore:
         self.tally = Tally()
         self.turns = Turns(after=self._record_metrics)
         self.tasks = Supervisor(f"job {job_id}")
+        #: Calls and background turns are served only in SERVING (`mode.py`).
+        self.mode = Mode.LOADING
         self.state: JobState | None = None
         self.job: Job[Any] | None = None
         self.stages = Stages([])
@@ -159,6 +162,8 @@ class JobCore:
             self._begun = True
 
     async def activate(self, reconstructed: bool) -> None:
+        """Loads the record, and recovers first when the actor was restarted (`mode.py`): the
+        calls that came meanwhile are served once that is done."""
         self._begun = True
         try:
             async with self.turns.turn("activate"):
@@ -166,12 +171,14 @@ class JobCore:
         except Exception as error:
             # Calls get the error; the actor goes (rehydration or reconciliation brings a job
             # that can still run back).
+            self._enter(Mode.UNLOADED)
             self._loaded.set_exception(error)
             self._loaded.exception()  # retrieved: the calls that wait see it
             self._request_exit()
             return
-        self._loaded.set_result(None)
         if self.state is None:
+            self._enter(Mode.UNLOADED)
+            self._loaded.set_result(None)
             self._request_exit()
             return
         if self.state.status.is_terminal or (
@@ -180,10 +187,16 @@ class JobCore:
             # Activated for an operation on a job at rest: it answers, and the actor goes
             # unless the operation reopened the job.
             self._request_exit()
-        try:
-            await self.hosts.refresh()
-        except Exception:  # placing the first steps reads the node table again
-            log.exception("job %s: reading the step hosts failed", self.job_id)
+        if reconstructed:
+            # A restarted actor carries on from storage (that is reactivation) before it serves
+            # anything: a report served first would find none of its running steps.
+            self._enter(Mode.RECOVERING)
+            await self._refresh_hosts()
+            await self._until_done("recover on reactivation", self._recover)
+        else:
+            await self._refresh_hosts()
+        self._enter(Mode.SERVING)
+        self._loaded.set_result(None)
         self.tasks.repeat("pump", self._next_kick, self._pump, STANDARD)
         every = self.options.progress_save_interval.total_seconds()
         self.tasks.repeat("save", lambda: asyncio.sleep(every), self._save_progress, STANDARD)
@@ -196,9 +209,15 @@ class JobCore:
                 await asyncio.sleep(next(delays, interval))
 
             self.tasks.repeat("watchdog", next_tick, self.watchdog_tick, STANDARD)
-        if reconstructed:
-            # A restarted actor carries on from storage: that is reactivation.
-            await self._until_done("recover on reactivation", self.recover)
+
+    def _enter(self, mode: Mode) -> None:
+        self.mode = check_mode(self.job_id, self.mode, mode)
+
+    async def _refresh_hosts(self) -> None:
+        try:
+            await self.hosts.refresh()
+        except Exception:  # placing the first steps reads the node table again
+            log.exception("job %s: reading the step hosts failed", self.job_id)
 
     async def _until_done(self, what: str, attempt: Callable[[], Awaitable[object]]) -> None:
         """Runs `attempt` until it succeeds, logging each failure and backing off."""
@@ -285,7 +304,13 @@ class JobCore:
         answers = await asyncio.gather(*wave)
         async with self.turns.turn("start: running"):
             if self._state.status is JobStatus.STARTING_STEPS:
-                await self._set_status(JobStatus.RUNNING)
+                try:
+                    await self._set_status(JobStatus.RUNNING)
+                except Exception:
+                    # Its steps run: the watchdog (or a rehydration) adopts them through a
+                    # resume, as after a failed first stage.
+                    self.live = False
+                    raise
                 try:
                     # A first stage whose steps all failed to start is done: on to the next.
                     await self._check_stage()
@@ -792,7 +817,10 @@ class JobCore:
                 host,
                 error,
             )
-            self._timers.arm("starts")
+            if self.live or not stopping.stop_owed(self._state):
+                self._timers.arm("starts")
+            else:
+                await self._stop_failed_starts()
             return
         if not self.window.start_failed:
             self._timers.clear("starts")
@@ -801,6 +829,37 @@ class JobCore:
         if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
             # The stop reached this host before these steps did: tell them again.
             await self.hosts.cancel([host], self.job_id, self._state.status is JobStatus.REMOVING)
+
+    async def _stop_failed_starts(self) -> None:
+        """A stopping job's starts that threw (the stop came first): a step a host has all the
+        same is active again and told to stop, a step whose outcome storage holds counts it,
+        and the others never ran: they count as the stop counts a step that never started."""
+        failed = {start.step_id: start for start in self.window.start_failed}
+        on_hosts = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
+        unsure = [step_id for step_id in failed if step_id not in on_hosts]
+        records = await self.storage.get_steps(self.job_id, unsure) if unsure else {}
+        outcomes = {
+            step_id: outcome
+            for step_id in unsure
+            if (outcome := stored_outcome(failed[step_id], records.get(step_id))) is not None
+        }
+        self.window.start_failed = [s for s in failed.values() if s.step_id not in on_hosts
+                                    and s.step_id not in outcomes]  # fmt: skip
+        for step_id, host in on_hosts.items():
+            if step_id in failed:
+                self.window.active[step_id] = (failed[step_id], host)
+        for step_id, outcome in outcomes.items():
+            self.window.active[step_id] = (failed[step_id], "")
+            self.accept(outcome)
+        halted = stopping.halt(self.window, self.retries, self.stages, self.counting)
+        self.tally.failed += halted.failed
+        self.tally.stopped += halted.stopped
+        self._dirty = True
+        told = {on_hosts[step_id] for step_id in failed if step_id in on_hosts}
+        if told:
+            removing = self._state.status is JobStatus.REMOVING
+            await self.hosts.cancel(told, self.job_id, removing)
+        await self._finish_stop_when_reported()
 
     async def _retry_failed_starts(self) -> None:
         """Start operations that threw may have run on their host all the same (Ray: "the task
@@ -982,6 +1041,12 @@ class JobCore:
     async def stop(self) -> None:
         await self.ready()
         async with self.turns.turn("stop"):
+            if self._owed is not None:
+                # Its outcome is decided (its hooks ran): only the save of it is owed.
+                raise JobOperationError(
+                    StopJobError.JOB_IS_NOT_RUNNING,
+                    f"job {self.job_id} has ended ({self._owed[0]}); its status is being saved",
+                )
             stopping.refuse_stop(self._state)
             try:
                 await self._set_status(JobStatus.STOPPED, stop_finalized=False)
@@ -992,6 +1057,12 @@ class JobCore:
     async def remove(self) -> None:
         await self.ready()
         async with self.turns.turn("remove"):
+            if self._owed is not None:
+                # Its outcome is decided: saved first, then the ended job is removed.
+                try:
+                    await self._save_owed()
+                except Exception as error:
+                    raise JobOperationError(RemoveJobError.UNKNOWN, str(error)) from error
             if self._state.status is JobStatus.REMOVING:
                 if self.window.active:
                     raise JobOperationError(RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED)
@@ -1095,6 +1166,9 @@ class JobCore:
     async def recover(self) -> None:
         """What rehydration does to this job: resume it, or finish its stop; never both."""
         await self.ready()
+        await self._recover()
+
+    async def _recover(self) -> None:
         async with self.turns.turn("recover"):
             action = resuming.recover_action(self._state)
             if action is Recover.FINISH_STOP and not self.live:
@@ -1231,6 +1305,12 @@ class JobCore:
     # -- the watchdog -------------------------------------------------------------------------
 
     async def watchdog_tick(self) -> None:
+        """One tick, once the activation serves (a tick asked for while it loads or recovers
+        waits for that; one of an activation with no job to serve does nothing)."""
+        with contextlib.suppress(Exception):  # the calls get the load's error
+            await self.ready()
+        if self.mode is not Mode.SERVING:
+            return
         async with self.turns.turn("watchdog"):
             await self._tick()
 
@@ -1423,17 +1503,24 @@ class JobCore:
             return
         self._unanswered_saves = 0
         if stored.status is state.status or not stopping.stop_owed(stored):
-            return  # the next save writes this activation's state over it
+            # The next save writes this activation's state over its own write.
+            self.state = state.model_copy(update={"version": stored.version})
+            return
         log.warning("job %s: its %s was stored after all", self.job_id, stored.status)
         self.state = stored
         await self._halt_and_tell(removing=stored.status is JobStatus.REMOVING)
+
+    @property
+    def unsaved(self) -> bool:
+        """Progress counted since the last save (the next progress save writes it)."""
+        return self._dirty or self.counting.unsaved
 
     async def _save_progress(self) -> None:
         async with self.turns.turn("save progress"):
             state = self.state
             if state is None or state.status.is_terminal:
                 return
-            if not (self._dirty or self.counting.unsaved):
+            if not self.unsaved:
                 return
             await self._save()
 

@@ -115,6 +115,11 @@ class Supervisor:
 
         return self.spawn(name, loop())
 
+    def names(self) -> list[str]:
+        """The names of the tasks running now, sorted (for tests and diagnosis)."""
+        prefix = f"{self.owner}: "
+        return sorted(task.get_name().removeprefix(prefix) for task in self.tasks)
+
     def cancel_all(self) -> None:
         for task in list(self.tasks):
             task.cancel()

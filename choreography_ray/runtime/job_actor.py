@@ -155,6 +155,14 @@ class JobActor:
     async def active_steps(self) -> int:
         return len(self.core.window.active)
 
+    async def unsaved(self) -> bool:
+        """Whether the job counted anything its record does not show yet (tests wait for it)."""
+        return self.core.unsaved
+
+    async def tasks(self) -> list[str]:
+        """The names of the background tasks running now (the pump, saves, the watchdog...)."""
+        return self.core.tasks.names()
+
     async def task_failures(self) -> dict[str, str]:
         """The background tasks that failed, by name, with their last error."""
         return dict(self.core.tasks.failures)

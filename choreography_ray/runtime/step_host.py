@@ -120,8 +120,9 @@ class StepHostCore:
         #: The jobs whose fence is up: their outcome writes wait until `lift_fence` (or
         #: FENCE_SECONDS), so the job reads storage while nothing of it changes there.
         self.fenced: dict[str, asyncio.TimerHandle] = {}
-        #: Per job, outcome writes in flight.
+        #: Per job, outcome writes in flight, and those waiting for its fence to lift.
         self.writing: Counter[str] = Counter()
+        self.held: Counter[str] = Counter()
         self.removing_jobs: set[str] = set()
         #: What keeps a job's entries (`job_tenant`, `removing_jobs`): its running steps, its
         #: `start_steps` calls and its tasks in flight. At zero the entries are dropped.
@@ -358,7 +359,11 @@ class StepHostCore:
         tries = 0
         while True:
             async with self._room:
-                await self._room.wait_for(lambda: job_id not in self.fenced)
+                self.held[job_id] += 1
+                try:
+                    await self._room.wait_for(lambda: job_id not in self.fenced)
+                finally:
+                    self.held -= Counter({job_id: 1})  # no entry left at zero
                 self.writing[job_id] += 1
             try:
                 await tenant.commit.write(updates, deletes, labels)
@@ -617,6 +622,10 @@ class StepHost:
 
     async def lift_fence(self, job_id: str) -> None:
         await self.core.lift_fence(job_id)
+
+    async def fenced_writes(self, job_id: str) -> int:
+        """How many of the job's outcome writes wait for its fence to lift (tests)."""
+        return self.core.held[job_id]
 
     async def held_jobs(self) -> list[str]:
         """The jobs this host keeps entries of (for tests and diagnosis)."""

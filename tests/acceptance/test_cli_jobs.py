@@ -10,6 +10,7 @@ tests/runtime/test_cli_jobs.py; here they are refused before any Ray starts.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 import choreography_ray as cr
 from choreography_ray.storage import Storage
 from tests.acceptance.test_cli import REFUSE_SECONDS, REPO, cli, cli_env, explain
-from tests.support import free_port, in_storage, left_behind, seed_job
+from tests.support import eventually, free_port, in_storage, left_behind, seed_job
 
 #: The slow tier: each test runs the CLI as a subprocess several times (about 5 s a test). In
 #: the default tier, tests/unit/test_cli_jobs.py checks the commands' rules in-process and
@@ -180,6 +181,15 @@ def test_watch__a_settled_job_returns_at_once_with_its_exit_code(url: str) -> No
     assert "COMPLETED_WITH_FAILURES" in failed.stdout
 
 
+def has_open(pid: int, path: str) -> bool:
+    """The process holds `path` open (Linux: its /proc fd links)."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.path.realpath(fd) == os.path.realpath(path) for fd in fds.iterdir())
+    except OSError:  # it exited meanwhile, or an fd closed while read
+        return False
+
+
 def test_watch__follows_a_running_job_until_it_completes(url: str) -> None:
     watcher = subprocess.Popen(
         [sys.executable, "-m", "choreography_ray.cli", "jobs", "watch", "job-running",
@@ -187,7 +197,10 @@ def test_watch__follows_a_running_job_until_it_completes(url: str) -> None:
         cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        time.sleep(3)  # it starts and reads the running job a few times
+        db = url.removeprefix("sqlite:///")
+        # It opens the storage to read the job (its first read follows at once).
+        eventually(lambda: watcher.poll() is not None or has_open(watcher.pid, db), 30,
+                   "the watcher to open the job's storage")  # fmt: skip
         assert watcher.poll() is None, watcher.communicate()
 
         async def complete(storage: Storage) -> None:

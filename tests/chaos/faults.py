@@ -34,8 +34,10 @@ import ray
 from ray.cluster_utils import Cluster
 
 import choreography_ray as cr
+from choreography_ray.storage.sqlite import BUSY_TIMEOUT_MS
 from tests.chaos import storage_faults
 from tests.chaos.jobs import RUN_DIR_ENV
+from tests.chaos.storage_faults import BUSY_ENV
 from tests.support import free_port, read_trace
 
 T = TypeVar("T")
@@ -53,9 +55,6 @@ NODE_DEATH_SECONDS = 3.0
 
 #: Seconds a client call keeps retrying while Ray restarts the actor it calls.
 CALL_PATIENCE = 60.0
-
-#: The SQLite busy timeout of the provider, in seconds: a lock held longer refuses writes.
-SQLITE_BUSY_TIMEOUT = 30.0
 
 #: Holds the SQLite write lock in a second process: the argument is the file and the seconds.
 LOCK_SCRIPT = """
@@ -120,6 +119,7 @@ class ChaosCluster:
         worker_nodes: int = 1,
         dashboard: bool = False,
         log: Callable[[str], None] = print,
+        sqlite_busy_seconds: float | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.storage_url = storage_url
@@ -136,6 +136,7 @@ class ChaosCluster:
         self.stats = ClientStats()
         self.restarts = 0
         self.lock_processes: list[subprocess.Popen[str]] = []
+        self.sqlite_busy_seconds = sqlite_busy_seconds or BUSY_TIMEOUT_MS / 1000
 
     # -- the cluster ------------------------------------------------------------------------
 
@@ -159,7 +160,10 @@ class ChaosCluster:
             logging_level=logging.WARNING,
             runtime_env={
                 "worker_process_setup_hook": "tests.chaos.storage_faults.install",
-                "env_vars": {RUN_DIR_ENV: str(self.run_dir)},
+                "env_vars": {
+                    RUN_DIR_ENV: str(self.run_dir),
+                    BUSY_ENV: str(self.sqlite_busy_seconds),
+                },
             },
         )
         self.jobs = cr.Jobs.connect(
@@ -375,7 +379,7 @@ def inject(
     if kind == "storage_lock":
         return _lock(world, seconds)
     if kind == "storage_lock_refuse":
-        return _lock(world, SQLITE_BUSY_TIMEOUT + seconds)
+        return _lock(world, world.sqlite_busy_seconds + seconds)
     if kind in ("storage_refuse", "storage_slow", "storage_lost_ack"):
         mode = kind.removeprefix("storage_")
         storage_faults.set_fault(world.run_dir, mode, seconds, delay=0.3 + pick, p=0.5)

@@ -31,6 +31,8 @@ from typing import Any
 from tests.support import trace
 
 RUN_DIR_ENV = "CHAOS_RUN_DIR"
+#: The SQLite provider's busy timeout in the run's workers, in seconds (`Profile`).
+BUSY_ENV = "CHAOS_SQLITE_BUSY_SECONDS"
 CONTROL = "storage_fault.json"
 HITS = "storage_faults.jsonl"
 
@@ -79,7 +81,11 @@ def install() -> None:
     if not run_dir:
         return
     from choreography_ray.errors import StorageUnavailableError
+    from choreography_ray.storage import sqlite
     from choreography_ray.storage.sqlite import SqliteStorage
+
+    if busy := os.environ.get(BUSY_ENV):
+        sqlite.BUSY_TIMEOUT_MS = int(float(busy) * 1000)
 
     if getattr(SqliteStorage, "_chaos_wrapped", False):
         return

@@ -55,6 +55,15 @@ def ray_cluster() -> Iterator[None]:
 OWN_ACTORS = ("jobs-manager/", "scheduler/")
 
 
+def actor_is_gone(name: str) -> bool:
+    """No actor of that name lives in the tests' namespace (exited, or never started)."""
+    try:
+        ray.get_actor(name, namespace=RAY_NAMESPACE)
+    except ValueError:
+        return True
+    return False
+
+
 def _named_actors() -> set[tuple[str, str]]:
     """(namespace, name) of every named actor alive in the cluster this process joined."""
     named = ray.util.list_named_actors(all_namespaces=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from pydantic import BaseModel
@@ -14,11 +15,16 @@ class Item(BaseModel):
     n: int
     fail: bool = False
     sleep: float = 0.0
+    #: The sleep ends early when the step is told to stop.
+    stoppable: bool = False
 
 
 class Noop(cr.JobStep[Item]):
     async def perform(self, request: Item, context: cr.StepContext) -> cr.StepResult:
-        if request.sleep:
+        if request.sleep and request.stoppable:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(context.cancelled(), request.sleep)
+        elif request.sleep:
             await asyncio.sleep(request.sleep)
         if request.fail:
             return cr.StepResult.failed(f"item {request.n} failed")
@@ -36,6 +42,7 @@ class FanOutRequest(BaseModel):
     fail_every: int = 0
     stages: int = 1
     sleep: float = 0.0
+    stoppable: bool = False
 
 
 class FanOut(cr.Job[FanOutRequest]):
@@ -47,6 +54,7 @@ class FanOut(cr.Job[FanOutRequest]):
                     n=i,
                     fail=bool(request.fail_every) and i % request.fail_every == 0,
                     sleep=request.sleep,
+                    stoppable=request.stoppable,
                 ),
                 stage=(i % request.stages) * 10,
             )

@@ -21,7 +21,7 @@ import ray
 
 import choreography_ray as cr
 from choreography_ray.runtime.messages import Outcome
-from tests.runtime.conftest import FAST
+from tests.runtime.conftest import FAST, actor_is_gone
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.scenario_jobs import (
     BestEffortPlanJob,
@@ -65,14 +65,6 @@ class Files:
 @pytest.fixture
 def files(tmp_path: Path) -> Files:
     return Files(tmp_path)
-
-
-def actor_is_gone(name: str) -> bool:
-    try:
-        ray.get_actor(name, namespace=RAY_NAMESPACE)
-    except ValueError:
-        return True
-    return False
 
 
 def max_overlap(records: list[dict[str, Any]]) -> int:
@@ -537,7 +529,7 @@ def test_duplicate_delivery__counted_once(connect, scope, files) -> None:
     ]
     ray.get(job.report_outcomes.remote(repeated))
     ray.get(job.report_outcomes.remote(repeated[:1]))
-    time.sleep(1.0)  # several progress saves
+    eventually(lambda: not ray.get(job.unsaved.remote()), what="the job's progress saved")
 
     assert counted() == (1, 1)
     assert manager.get(started.job_id).status is cr.JobStatus.RUNNING

@@ -22,7 +22,7 @@ import choreography_ray as cr
 from choreography_ray.model import JobState, StepState
 from choreography_ray.runtime.messages import Outcome
 from choreography_ray.storage import CountedKind, Storage
-from tests.runtime.conftest import FAST
+from tests.runtime.conftest import FAST, actor_is_gone
 from tests.runtime.lifecycle_jobs import (
     TRACES,
     AdmissionWaits,
@@ -99,14 +99,6 @@ def kill_job_actor(job_id: str) -> None:
     )
 
 
-def job_actor_alive(job_id: str) -> bool:
-    try:
-        job_actor(job_id)
-    except ValueError:
-        return False
-    return True
-
-
 def activate_job_actor(storage_url: str, job_id: str) -> None:
     """Activates the job's actor as the manager does, with this test module's options."""
     from choreography_ray.runtime.job_actor import JobActor
@@ -116,6 +108,26 @@ def activate_job_actor(storage_url: str, job_id: str) -> None:
     JobActor.options(**actor_options(job_name(job_id), RAY_NAMESPACE)).remote(  # type: ignore[attr-defined]
         job_id, storage_url, options.model_dump_json(), RAY_NAMESPACE
     )
+
+
+def watchdog_ticked(job_id: str, times: int = 2) -> None:
+    """Waits for `times` more watchdog ticks of the job's actor: what a check that nothing
+    happens waits for, instead of a length of time."""
+    since = ask(job_id, "watchdog_ticks")
+    eventually(
+        lambda: ask(job_id, "watchdog_ticks") >= since + times, 15, f"{times} watchdog ticks"
+    )
+
+
+def saved(job_id: str) -> None:
+    """Waits until the job actor holds nothing it has not saved: storage shows what it counted."""
+    eventually(lambda: not ask(job_id, "unsaved"), 15, "the job's progress to be saved")
+
+
+def hosts_done_with(job_id: str) -> bool:
+    """No step host holds anything of the job: its steps ended, and each delivery of their
+    outcomes was made or given up."""
+    return all(job_id not in held for held in ray.get([h.held_jobs.remote() for h in step_hosts()]))
 
 
 def ray_actor_state(actor_id: str) -> dict[str, Any]:
@@ -472,7 +484,8 @@ def test_resume__a_job_completed_with_failures_does_nothing(connect: Any, scope:
     assert before.status is S.COMPLETED_WITH_FAILURES
 
     manager.resume(job_id)
-    time.sleep(1.5)  # three watchdog intervals
+    # The actor that answered the resume exits: nothing of the job runs after that.
+    eventually(lambda: actor_is_gone(f"job/{job_id}"), 15, "the job actor to exit")
 
     after = manager.get(job_id)
     assert after.status is S.COMPLETED_WITH_FAILURES
@@ -582,7 +595,7 @@ def test_stop__could_not_persist_stop_leaves_the_job_as_it_was(
     manager = connect().manager(scope, "stop")
     job_id = start(manager, Traced, Work(n=0, block=True), Work(n=1, block=True))
     wait_started(job_id, 2)
-    time.sleep(0.5)  # the job is idle: its progress is saved
+    saved(job_id)  # the job is idle
     before = stored_job(storage_url, job_id)
     assert before is not None
 
@@ -611,7 +624,7 @@ def test_stop__a_step_that_ignores_the_stop_is_counted_when_it_ends(
 
     manager.stop(job_id)
     eventually(lambda: [e for e in ends(job_id) if e[2] == 0], 10, "the obedient step to stop")
-    time.sleep(1.0)  # two watchdog intervals: the stop waits for the other step's report
+    watchdog_ticked(job_id)  # the stop waits for the other step's report
     waiting = manager.get(job_id)
     assert (waiting.status, waiting.stop_finalized) == (S.STOPPED, False)
     assert hook_calls(job_id, "on_stopped") == []
@@ -656,7 +669,7 @@ def test_stop__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
     )
 
     kill_job_actor(job_id)  # the stop is stored, not finished
-    time.sleep(1.0)
+    watchdog_ticked(job_id)
     waiting = manager.get(job_id)
     assert (waiting.status, waiting.stop_finalized) == (S.STOPPED, False)
     set_flag(job_id, "go")
@@ -720,7 +733,7 @@ def test_watchdog__never_resumes_a_stopped_job(connect: Any, scope: str, storage
     set_flag(job_id, "go")
     # The stopped job's actor exits; a new activation (as an operation or a rehydration would
     # make) ticks its watchdog, and the stop stands.
-    eventually(lambda: not job_actor_alive(job_id), 15, "the stopped job's actor to exit")
+    eventually(lambda: actor_is_gone(f"job/{job_id}"), 15, "the stopped job's actor to exit")
     activate_job_actor(storage_url, job_id)
     for _ in range(3):
         ask(job_id, "tick")
@@ -888,7 +901,9 @@ def drop_deliveries(job_id: str) -> None:
 def test_watchdog__settles_an_outcome_whose_delivery_was_dropped(
     connect: Any, scope: str, storage_url: str
 ) -> None:
-    manager = connect(job_watchdog_interval=HAND_DRIVEN).manager(scope, "watchdog")
+    # The hosts give up delivering soon: the watchdog is what settles the outcomes.
+    options = {"job_watchdog_interval": HAND_DRIVEN, "step_delivery_max_attempts": 2}
+    manager = connect(**options).manager(scope, "watchdog")
     job_id = start(
         manager,
         Traced,
@@ -910,7 +925,7 @@ def test_watchdog__settles_an_outcome_whose_delivery_was_dropped(
         10,
         "the outcomes to be stored",
     )
-    time.sleep(1.0)
+    eventually(lambda: hosts_done_with(job_id), 15, "the hosts to give up delivering")
     assert manager.get(job_id).status is S.RUNNING, "no report arrived"
     assert ask(job_id, "active_steps") == 3
 
@@ -960,8 +975,13 @@ def test_watchdog__resume_hook_backoff_skips_1_3_7_15_ticks(
         15,
         "the reactivated job's first (background) tick",
     )
-    time.sleep(0.5)  # the hook that tick ran has returned
-    calls = len(hook_calls(job_id, "on_before_resuming_job_steps"))
+    calls = len(
+        eventually(
+            lambda: (c := hook_calls(job_id, "on_before_resuming_job_steps"))[1:] and c,
+            10,
+            "the hook to be called by that tick",
+        )
+    )
     called_at: list[int] = [1] * (calls - 1)  # the first call ran on activation, before a tick
     assert calls == 2, "on activation, then again on the next tick"
     ticks = 1
@@ -1000,7 +1020,7 @@ def test_watchdog__recounts_from_storage_and_completes_when_every_step_is_done(
     set_flag(job_id, "go")
     eventually(lambda: len(ends(job_id)) == 2, 10, "both steps to end")
     eventually(lambda: stored_steps(storage_url, job_id) == [], 10, "both outcomes stored")
-    time.sleep(0.5)  # the reports are delivered
+    eventually(lambda: hosts_done_with(job_id), 10, "the reports to be delivered")
     for _ in range(3):  # the hook succeeds on the first; storage shows every step done
         ask(job_id, "tick")
     state = manager.wait(job_id, timeout=10)
@@ -1042,8 +1062,9 @@ def test_watchdog__zero_negative_or_infinite_interval_turns_it_off(
     manager = connect(job_watchdog_interval=interval).manager(scope, "watchdog")
     job_id = start(manager, Traced, Work(n=0, block=True))
     wait_started(job_id, 1)
-    time.sleep(1.5)  # past the first tick a watchdog would run (1 s after activation)
-
+    # Activated (its saves repeat), with no watchdog to tick.
+    tasks = eventually(lambda: (t := ask(job_id, "tasks")) and "save" in t and t, 10, "activation")
+    assert "watchdog" not in tasks
     assert ask(job_id, "watchdog_ticks") == 0
     set_flag(job_id, "go")
     assert manager.wait(job_id, timeout=20).status is S.COMPLETED_SUCCESSFULLY
@@ -1102,7 +1123,7 @@ def test_delivery__a_repeated_outcome_is_counted_once(connect: Any, scope: str) 
 
     for _ in range(2):  # a delivery repeated after a lost acknowledgement
         ray.get(job_actor(job_id).report_outcomes.remote([done, not_running]))
-    time.sleep(0.5)  # two progress saves
+    saved(job_id)
 
     assert manager.get(job_id).progress.successful_steps == 1
     assert ask(job_id, "active_steps") == 1

@@ -25,6 +25,7 @@ import choreography_ray as cr
 from choreography_ray.runtime.names import manager_name
 from choreography_ray.storage import CountedKind, Storage
 from choreography_ray.types import type_path
+from tests.runtime.conftest import actor_is_gone
 from tests.runtime.rehydration_jobs import (
     RecordedJob,
     RecordedStep,
@@ -200,7 +201,7 @@ def test_stopped_and_removing_jobs_left_behind_are_finished_not_resumed(
     # A later pass leaves the finalized stop alone: on_stopped does not run again.
     assert manager.rehydrate() == []
     wait_drained(scope, "left")
-    time.sleep(1.0)
+    eventually(lambda: actor_is_gone(f"job/{stopped}"), 15, "the stopped job's actor to exit")
     assert Counter(e["job"] for e in read_trace(events_file(scope, "stopped"))) == {
         stopped: 1,
         removing: 1,

@@ -118,7 +118,7 @@ def test_requeue__a_dead_letter_runs_at_once_and_its_count_starts_afresh(
 def test_timeout__a_run_past_it_is_stopped_through_its_jobs_manager_and_cancelled(
     sched: cr.Scheduler,
 ) -> None:
-    slow = FanOutRequest(count=1, sleep=20)
+    slow = FanOutRequest(count=1, sleep=60, stoppable=True)  # it ends once stopped
     sched.schedule("slow", FanOut, slow, every=timedelta(hours=1), timeout=timedelta(seconds=1))
     cancelled = eventually(
         lambda: next((r for r in sched.runs("slow") if r.ended_at), None), 60, "the run to end"

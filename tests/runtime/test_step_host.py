@@ -8,7 +8,6 @@ and on what the hosts still hold, never on timings.
 from __future__ import annotations
 
 import sqlite3
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -302,7 +301,11 @@ def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, st
         assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
 
         assert ray.get(host.cancel_steps.remote(job_id), timeout=WAIT) == 1  # "a" ends
-        time.sleep(1.0)  # the outcome is known at once; unfenced, its write takes milliseconds
+        eventually(
+            lambda: ray.get(host.fenced_writes.remote(job_id), timeout=WAIT) == 1,
+            WAIT,
+            "the outcome's write to wait for the fence",
+        )
         assert stored(storage_url, job_id, "a") == (cr.StepStatus.RUNNING, 2)
         assert ray.get(host.running_steps.remote(job_id), timeout=WAIT) == ["a"]
 

@@ -187,7 +187,7 @@ class FakeHosts:
         self.released.append(host)
 
     async def refresh(self) -> None:
-        return None
+        await asyncio.sleep(0)  # reads the node table, as a real one does: others run meanwhile
 
     async def activation_gone(self, activation: str) -> bool:
         return False

@@ -60,14 +60,20 @@ class Harness:
         assert self.core is not None
         return self.core
 
-    async def activate(self, reconstructed: bool = False) -> JobCore:
-        """A new activation of the job (the old one, if any, is gone: its tasks end)."""
+    def build(self) -> JobCore:
+        """A new activation of the job, not activated yet (the old one, if any, is gone: its
+        tasks end). Calls made to it now are delivered while it activates."""
         if self.core is not None:
             self.core.close()
         core = JobCore(self.job_id, self.storage, self.hosts, self.options, metrics=self.metrics)
         self.core = core
         self.hosts.core = core
         self.activations.append(core)
+        return core
+
+    async def activate(self, reconstructed: bool = False) -> JobCore:
+        """A new activation of the job, activated."""
+        core = self.build()
         await core.activate(reconstructed)
         return core
 

@@ -1,0 +1,264 @@
+"""The activation's mode (issue 23): no call is served before a restarted activation has
+recovered (item 1); a save whose answer was lost and whose read-back failed does not wedge the
+record (item 2); a start whose last save fails is finished by the watchdog (item 3); a start
+that fails after a stop does not keep the stop from its end (item 5); a stop or removal while a
+terminal status is owed does not wedge the pump (item 10)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from choreography_ray.core.mode import Mode
+from choreography_ray.errors import JobOperationError, StopJobError, StorageError
+from choreography_ray.model import JobState
+from choreography_ray.status import JobStatus
+from tests.unit.core.conftest import Activations
+from tests.unit.core.fakes import STOPPED, FaultyStorage
+from tests.unit.core.harness import Harness, eventually
+from tests.unit.core.jobs import Plan, StagedJob
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# -- item 1: calls wait for the recovery -----------------------------------------------------------
+
+
+def test_reactivation__a_report_delivered_before_the_recovery_waits_for_it(
+    activations: Activations,
+) -> None:
+    """A stop with one step winding down; the actor dies and restarts. A report delivered to
+    the new activation before its recovery (here the first step's stop, delivered again) is
+    served after it: the running step is adopted, so the stop is not finished under it."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        await h.c.start()
+        await h.c.stop()
+        first = await h.hosts.finish("000000", STOPPED)
+
+        core = h.build()  # the restarted actor
+        assert core.mode is Mode.LOADING
+        activation = asyncio.create_task(core.activate(reconstructed=True))
+        report = asyncio.create_task(core.report_outcomes([first]))
+        await asyncio.gather(activation, report)
+        await h.settle()
+
+        assert core.mode is Mode.SERVING
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, False)
+        assert h.calls["on_stopped"] == 0
+        await h.hosts.finish("000001", STOPPED)
+        await h.settle()
+        stored = await h.stored()
+        assert stored.stop_finalized
+        assert stored.progress.stopped_steps == 2
+        assert h.calls["on_stopped"] == 1
+
+    activations.run(scenario)
+
+
+def test_reactivation__the_watchdog_does_nothing_before_the_recovery(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        await h.c.start()
+        await h.c.stop()
+        await h.hosts.finish("000000", STOPPED)
+
+        core = h.build()
+        activation = asyncio.create_task(core.activate(reconstructed=True))
+        tick = asyncio.create_task(core.watchdog_tick())
+        await asyncio.gather(activation, tick)
+        await h.settle()
+
+        assert not (await h.stored()).stop_finalized
+        assert h.calls["on_stopped"] == 0
+
+    activations.run(scenario)
+
+
+# -- item 2: a reconcile adopts the stored version -------------------------------------------------
+
+
+def test_save__a_lost_acknowledgement_and_a_failed_read_back_leave_the_job_able_to_save(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await activations.new(StagedJob, Plan(sizes=[2]), storage=storage)
+        await h.c.start()
+        await h.hosts.finish("000000")
+        await h.settle()
+        storage.ack_lost("save_job")  # written, its answer lost...
+        storage.fail("get_job")  # ...and the read-back fails too
+        with pytest.raises(StorageError):
+            await h.save_progress()
+
+        await h.c.watchdog_tick()  # reconciles with storage
+        await h.hosts.finish("000001")
+        await h.settle()
+
+        stored = await h.stored()
+        assert (stored.status, stored.progress.successful_steps) == (
+            JobStatus.COMPLETED_SUCCESSFULLY,
+            2,
+        )
+        assert h.calls["on_completed"] == 1
+
+    activations.run(scenario)
+
+
+# -- item 3: a start whose RUNNING save fails ------------------------------------------------------
+
+
+class RefusesRunning(FaultyStorage):
+    """Refuses the next `refusals` saves of a RUNNING record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = 0
+
+    async def save_job(self, job: JobState) -> JobState:
+        if job.status is JobStatus.RUNNING and self.refusals > 0:
+            self.refusals -= 1
+            raise self.error("saving RUNNING failed (fault injected on purpose)")
+        return await super().save_job(job)
+
+
+def test_start__a_failed_running_save_is_finished_by_the_watchdog(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        storage = RefusesRunning()
+        h = await activations.new(StagedJob, Plan(sizes=[2]), storage=storage)
+        storage.refusals = 1
+        with pytest.raises(StorageError):
+            await h.c.start()
+        assert (await h.status()) is JobStatus.STARTING_STEPS
+
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert (await h.status()) is JobStatus.RUNNING
+        await h.hosts.finish_all()
+        await h.settle()
+
+        stored = await h.stored()
+        assert (stored.status, stored.progress.successful_steps) == (
+            JobStatus.COMPLETED_SUCCESSFULLY,
+            2,
+        )
+        assert len(h.hosts.started) == 2, "the running steps were adopted, not started again"
+
+    activations.run(scenario)
+
+
+# -- item 10: a terminal status owed ---------------------------------------------------------------
+
+
+async def completed_with_its_save_owed(activations: Activations, storage: FaultyStorage) -> Harness:
+    """A job whose one step succeeded: on_completed ran and its COMPLETED save failed, so the
+    pump saves it again after its backoff (1 s)."""
+    h = await activations.new(StagedJob, Plan(sizes=[1]), storage=storage)
+    await h.c.start()
+    storage.fail("save_job", 1)
+    await h.hosts.finish("000000")
+    await h.settle()
+    assert storage.failures["save_job"] == 0, "the COMPLETED save was tried"
+    assert (await h.status()) is JobStatus.RUNNING
+    assert h.calls["on_completed"] == 1
+    return h
+
+
+def test_stop__refused_while_the_completed_status_is_owed_and_the_job_completes(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await completed_with_its_save_owed(activations, storage)
+
+        with pytest.raises(JobOperationError) as refused:
+            await h.c.stop()
+        assert refused.value.error is StopJobError.JOB_IS_NOT_RUNNING
+
+        await eventually(lambda: storage.jobs[h.job_id].status.is_terminal, what="the save")
+        assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
+        assert h.calls["on_completed"] == 1
+        assert h.calls["on_stopped"] == 0
+
+    activations.run(scenario)
+
+
+def test_remove__while_the_completed_status_is_owed_saves_it_then_removes_the_job(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await completed_with_its_save_owed(activations, storage)
+
+        await h.c.remove()
+        await h.settle()
+
+        assert h.job_id not in storage.jobs
+        assert h.calls["on_completed"] == 1
+
+    activations.run(scenario)
+
+
+# -- item 5: a start that fails after a stop -------------------------------------------------------
+
+
+async def stopped_while_its_start_waits(
+    activations: Activations,
+) -> tuple[Harness, asyncio.Task[object]]:
+    """A job of two steps whose first start operation waits for its host; a stop meanwhile."""
+    h = await activations.new(StagedJob, Plan(sizes=[2]))
+    h.hosts.start_gate = asyncio.Event()
+    starting = asyncio.create_task(h.c.start())
+    await h.settle()
+    await h.c.stop()
+    return h, starting
+
+
+def test_stop__a_start_that_fails_after_it_counts_its_steps_stopped_and_the_stop_is_final(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        h, starting = await stopped_while_its_start_waits(activations)
+        h.hosts.fail_starts = len(h.hosts.calls)  # every start operation sent throws
+        assert h.hosts.start_gate is not None
+        h.hosts.start_gate.set()
+        await starting
+        await h.settle()
+
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert stored.progress.stopped_steps == 2
+        assert h.calls["on_stopped"] == 1
+        assert h.hosts.started == []
+
+    activations.run(scenario)
+
+
+def test_stop__a_start_that_ran_though_its_answer_was_lost_is_told_to_stop(
+    activations: Activations,
+) -> None:
+    async def scenario() -> None:
+        h, starting = await stopped_while_its_start_waits(activations)
+        h.hosts.lose_start_answers = len(h.hosts.calls)  # they run; their answers are lost
+        assert h.hosts.start_gate is not None
+        h.hosts.start_gate.set()
+        await starting
+        await h.settle()
+        assert not (await h.stored()).stop_finalized, "its steps run: the stop waits for them"
+
+        assert len(await h.hosts.stop_cancelled()) == 2
+        await h.settle()
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert stored.progress.stopped_steps == 2
+        assert h.calls["on_stopped"] == 1
+
+    activations.run(scenario)
