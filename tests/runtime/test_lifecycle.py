@@ -647,11 +647,6 @@ def test_stop__a_step_that_ignores_the_stop_is_counted_when_it_ends(
     assert on_stopped >= ended
 
 
-@pytest.mark.xfail(
-    reason="issue 23 (1): the restarted job actor may serve a report before its recovery turn "
-    "and finish the stop while a step still runs (stop_finalized too early); fails now and then",
-    strict=False,
-)
 def test_stop__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
     connect: Any, scope: str, storage_url: str
 ) -> None:
