@@ -45,7 +45,9 @@ with cr.Jobs.connect(storage=storage, namespace="recovery-test") as jobs:
 
 
 def _run(script: str, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
+    # "local": a Ray of its own. Without an address, `ray.init` joins the cluster of the last
+    # `ray start` on this machine (/tmp/ray/ray_current_cluster): another test's, or a dead one.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "local"}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],
         cwd=ROOT,
