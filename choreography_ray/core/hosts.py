@@ -42,6 +42,3 @@ class Hosts(Protocol):
 
     async def activation_gone(self, activation: str) -> bool:
         """Whether a lease's hosting actor is dead (or a new incarnation)."""
-
-    async def active_silos(self) -> set[str]:
-        """The Ray node ids that are alive."""

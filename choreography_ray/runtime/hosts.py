@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from choreography_ray.core.metrics import Labels
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.membership import alive_cpu_nodes, alive_nodes
+from choreography_ray.runtime.membership import alive_cpu_nodes
 from choreography_ray.runtime.messages import StepStart, starts_to_wire
 from choreography_ray.runtime.names import actor_options, step_actor_name, step_host_name
 from choreography_ray.runtime.step_host import StepHost
@@ -133,9 +133,6 @@ class RayHosts:
 
     async def activation_gone(self, activation: str) -> bool:
         return await asyncio.to_thread(activation_gone, activation)
-
-    async def active_silos(self) -> set[str]:
-        return await asyncio.to_thread(alive_nodes)
 
 
 def activation_gone(activation: str) -> bool:

@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.metrics import Counter, Histogram, Labels
 from choreography_ray.errors import StorageError, StorageUnavailableError
-from choreography_ray.model import JobState, StatusChange, StepState
+from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
 from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
 from choreography_ray.storage.memory import MemoryStorage
 
+#: The Ray node every fake host runs on (the silo of the leases it writes).
+NODE = "node-0"
 SUCCESS = StepStatus.COMPLETED_SUCCESSFULLY
 FAILED = StepStatus.FAILED
 STOPPED = StepStatus.STOPPED
@@ -93,6 +95,9 @@ class FakeHosts:
         self.fences: dict[str, int] = {}
         #: The jobs whose fence is up, each with the event its lifting sets.
         self.fenced: dict[str, asyncio.Event] = {}
+        #: When set, a host stores a lease with each RUNNING write: silo `NODE`, activation the
+        #: host's name, never renewed (so it expires one lease timeout after the start).
+        self.leases = False
 
     # -- the Hosts protocol -------------------------------------------------------------------
 
@@ -143,12 +148,13 @@ class FakeHosts:
                 raise RuntimeError(f"steps {earlier} still run an earlier attempt on {host}")
             steps = [s for s in batch if (host, s.step_id) not in self.runs]
             change = StatusChange(status=StepStatus.RUNNING)
+            lease = Lease(silo=NODE, activation=host, heartbeat=utcnow()) if self.leases else None
             if self.unwritten_starts > 0:
                 self.unwritten_starts -= 1
             else:
                 await self.storage.update_steps(
                     [
-                        StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, None, change)
+                        StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
                         for s in steps
                     ]
                 )
@@ -190,10 +196,7 @@ class FakeHosts:
         await asyncio.sleep(0)  # reads the node table, as a real one does: others run meanwhile
 
     async def activation_gone(self, activation: str) -> bool:
-        return False
-
-    async def active_silos(self) -> set[str]:
-        return {"node-0"}
+        return activation in self.dead
 
     # -- what the test decides ----------------------------------------------------------------
 

@@ -26,6 +26,8 @@ MISSING_STEP = "tests.unit.core.jobs:MissingStep"
 CALLS: dict[str, Counter[str]] = {}
 #: How each hook behaves, by job id then hook name.
 CONTROLS: dict[str, dict[str, Control]] = {}
+#: What `get_active_silos` answers, by job id (unset: the fake hosts' node).
+SILOS: dict[str, set[str]] = {}
 
 
 @dataclass
@@ -59,6 +61,7 @@ def calls(job_id: str) -> Counter[str]:
 def forget(job_id: str) -> None:
     CALLS.pop(job_id, None)
     CONTROLS.pop(job_id, None)
+    SILOS.pop(job_id, None)
 
 
 class Item(BaseModel):
@@ -120,6 +123,10 @@ class StagedJob(cr.Job[Plan]):
 
     async def on_completed(self) -> None:
         await self._hook("on_completed")
+
+    def get_active_silos(self) -> set[str]:
+        calls(self.job_id)["get_active_silos"] += 1
+        return SILOS.get(self.job_id, {"node-0"})
 
     async def admit_stage(self, stage: int) -> bool:
         calls(self.job_id)[f"admit_stage:{stage}"] += 1

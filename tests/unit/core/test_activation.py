@@ -17,7 +17,7 @@ from choreography_ray.status import JobStatus
 from tests.unit.core.conftest import Activations
 from tests.unit.core.fakes import STOPPED, FaultyStorage
 from tests.unit.core.harness import Harness, eventually
-from tests.unit.core.jobs import Plan, StagedJob
+from tests.unit.core.jobs import SILOS, Plan, StagedJob
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -260,5 +260,33 @@ def test_stop__a_start_that_ran_though_its_answer_was_lost_is_told_to_stop(
         assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
         assert stored.progress.stopped_steps == 2
         assert h.calls["on_stopped"] == 1
+
+    activations.run(scenario)
+
+
+# -- item 9: the lease check asks the job type which owners are alive ------------------------------
+
+
+def test_leases__the_job_types_active_silos_decide_whether_an_owner_is_gone(
+    activations: Activations,
+) -> None:
+    """`Job.get_active_silos` is the spec's override point: a step whose lease expired while its
+    host lives is left alone until the job type no longer counts the host's node alive."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]), step_lease_timeout=0.2)
+        h.hosts.leases = True
+        await h.c.start()
+        await h.settle()
+        await asyncio.sleep(0.3)  # its lease expires: its host never renews it
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert len(h.hosts.calls) == 1, "its node is alive: left to its host"
+        assert h.calls["get_active_silos"] >= 1
+
+        SILOS[h.job_id] = {"node-elsewhere"}
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert len(h.hosts.calls) == 2, "its node is gone as the job type sees it: started again"
 
     activations.run(scenario)
