@@ -161,6 +161,11 @@ class JobsManagerUnavailableError(ChoreographyError):
     its node is gone), or failed in a way that is not one of the spec's errors."""
 
 
+class StepHostUnknownError(ChoreographyError):
+    """A live step host did not answer which steps it runs: they are unknown, not none (the
+    operation that asked is tried again)."""
+
+
 class SchedulerOperationError(ChoreographyError):
     """A scheduler operation was refused; `.error` says why."""
 

@@ -35,7 +35,7 @@ from choreography_ray.core.metrics import (
     Tally,
     TimedWrites,
 )
-from choreography_ray.core.mode import Mode, check_mode
+from choreography_ray.core.mode import Exit, Mode, check_mode
 from choreography_ray.core.planning import (
     FEED_STATUSES,
     PLAN_WRITE,
@@ -127,7 +127,9 @@ class JobCore:
         self.live = False
         self.hook_owed = False
         self.awaiting_admission: int | None = None
-        self.exit_requested = False
+        #: Set once the activation asks its actor to exit (an operation that reopens the job
+        #: clears it).
+        self.exit: Exit | None = None
         self.ticks = 0
         #: Steps of a stage read before it begins, to start first: the first run's first
         #: chunk, or the steps a resume found running nowhere.
@@ -174,7 +176,7 @@ class JobCore:
             self._enter(Mode.UNLOADED)
             self._loaded.set_exception(error)
             self._loaded.exception()  # retrieved: the calls that wait see it
-            self._request_exit()
+            self._request_exit(Exit.UNLOADED)
             return
         if self.state is None:
             self._enter(Mode.UNLOADED)
@@ -271,9 +273,13 @@ class JobCore:
             raise JobOperationError(ResumeJobError.UNKNOWN, f"job {self.job_id} does not exist")
         return self.state
 
-    def _request_exit(self) -> None:
-        self.exit_requested = True
+    def _request_exit(self, why: Exit = Exit.AT_REST) -> None:
+        self.exit = why
         self.on_exit()
+
+    @property
+    def exit_requested(self) -> bool:
+        return self.exit is not None
 
     def _record_metrics(self) -> None:
         if self.labels is not None:
@@ -903,12 +909,7 @@ class JobCore:
                 await self._settle_stored(stored_of_host)
                 lost = self.window.on_host(host)
                 if lost and not self.live:
-                    # The steps of a stopped job on a gone host will never report their stop:
-                    # stored STOPPED here, as their host would have, then counted.
-                    stops = [Outcome(s.step_id, s.attempt, StepStatus.STOPPED) for s in lost]
-                    await self._store_outcomes(stops)
-                    for outcome in stops:
-                        self.accept(outcome)
+                    await self._store_stops(lost)
                     await self._finish_stop_when_reported()
                 elif lost and self.options.lease_seconds is None:
                     log.warning(
@@ -1137,6 +1138,9 @@ class JobCore:
         finish is retried on one timer, 1 s doubling to 60 s."""
         removing = self._state.status is JobStatus.REMOVING
         try:
+            await self._sweep_stop()
+            if self.window.active:
+                return True  # their reports finish it
             await self._save()
             if not self._stopped_hook_ran:
                 # Once per execution: a finish retried after a later part failed skips it.
@@ -1155,6 +1159,45 @@ class JobCore:
         self._timers.clear("finish")
         self._request_exit()
         return True
+
+    async def _sweep_stop(self) -> None:
+        """What a stop still waits for, checked against the hosts and storage in one fenced
+        read: an active step whose outcome storage holds counts it; one that runs on no live
+        host (its host died, before or after the stop) is stored STOPPED, as its host would
+        have, and counted; a step storage holds RUNNING that runs nowhere is stored STOPPED
+        too; one a live host runs though this activation had not told it (a start whose
+        answer was lost, a dedicated actor of an earlier activation) is active again and told
+        to stop. Steps whose start is unanswered wait for their answer."""
+        stage = self._state.stage
+        async with self._fenced() as host_of:
+            rows = await stored_running(self.storage, self.job_id, stage, host_of)
+            await self._settle_stored(self._settleable(stage))
+        lost = [
+            start
+            for step_id, (start, _host) in self.window.active.items()
+            if step_id not in host_of and step_id not in self.window.starting
+        ]
+        lost += [
+            StepStart(row.step_id, row.type, row.stage, row.attempt, row.request_json)
+            for row in rows
+            if row.step_id not in host_of and row.step_id not in self.window.active
+        ]
+        if lost:
+            await self._store_stops(lost)
+        before = self.window.hosts()
+        self._adopt([row for row in rows if row.step_id not in self.window.active], host_of)
+        if told := self.window.hosts() - before:
+            await self.hosts.cancel(told, self.job_id, self._state.status is JobStatus.REMOVING)
+
+    async def _store_stops(self, starts: list[StepStart]) -> None:
+        """Steps of a stopping job that will never report their stop (their host is gone):
+        stored STOPPED here, as their host would have, then counted."""
+        for start in starts:
+            self.window.active.setdefault(start.step_id, (start, ""))
+        stops = [Outcome(s.step_id, s.attempt, StepStatus.STOPPED) for s in starts]
+        await self._store_outcomes(stops)
+        for outcome in stops:
+            self.accept(outcome)
 
     # -- resume, recover, retry-failed --------------------------------------------------------
 
@@ -1225,7 +1268,7 @@ class JobCore:
             self.state = state
             raise
         self.live = True
-        self.exit_requested = False
+        self.exit = None
         self._completed_hook_ran = False
         await self._run_resume_hook()
 
@@ -1269,7 +1312,7 @@ class JobCore:
                 raise JobOperationError(
                     RetryFailedStepsError.COULD_NOT_PERSIST, str(error)
                 ) from error
-            self.exit_requested = False
+            self.exit = None
             self._completed_hook_ran = False
             self.counting.records = True
             for start in failed:
@@ -1329,7 +1372,7 @@ class JobCore:
             # A stop is final once every step reported it: lost reports are settled here too,
             # and a finish that failed waits for its own timer.
             if self.window.active:
-                await self._settle_lost_reports(state.stage)
+                await self._sweep_stop()
                 if not self._timers.armed("finish"):
                     await self._finish_stop_when_reported()
             return

@@ -37,6 +37,17 @@ TRANSITIONS: dict[Mode, frozenset[Mode]] = {
 }
 
 
+class Exit(enum.StrEnum):
+    """Why an activation asks its actor to exit: what becomes of the job's dedicated step
+    actors."""
+
+    #: The job is at rest (ended, stopped for good, removed, or not stored): its dedicated step
+    #: actors go with it.
+    AT_REST = "AtRest"
+    #: Its record could not be loaded: its steps run on, for the next activation to adopt.
+    UNLOADED = "Unloaded"
+
+
 def check_mode(job_id: str, old: Mode, new: Mode) -> Mode:
     """`new`, when the table allows it after `old`; else IllegalTransitionError."""
     if new not in TRANSITIONS[old]:

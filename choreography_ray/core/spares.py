@@ -33,6 +33,10 @@ class Spares:
                 return job_id
         return None
 
+    def ready(self) -> list[str]:
+        """The ids of the spares ready to take, oldest first."""
+        return [job_id for job_id, _created in self._ready]
+
     def missing(self) -> int:
         """How many spares to create now."""
         return self.size - len(self._ready) - self.creating

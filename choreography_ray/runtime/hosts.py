@@ -13,6 +13,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from choreography_ray.core.metrics import Labels
+from choreography_ray.errors import StepHostUnknownError
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.membership import alive_cpu_nodes
@@ -87,18 +88,41 @@ class RayHosts:
                 log.warning("job %s: telling a host to stop its steps failed: %s", job_id, answer)
 
     async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
+        """Asks every host of the job: those of alive nodes and its dedicated step actors,
+        also those an earlier activation created. A dead host runs nothing; a live one that
+        does not answer raises `StepHostUnknownError`."""
         await self.refresh()
+        await self._find_dedicated(job_id)
         names = list(self.handles)
         answers = await asyncio.gather(
             *(self.handles[n].running_steps.remote(job_id, fence) for n in names),
             return_exceptions=True,
         )
-        return {
-            step_id: name
-            for name, answer in zip(names, answers, strict=True)
-            if isinstance(answer, list)
-            for step_id in answer
-        }
+        running: dict[str, str] = {}
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, ray.exceptions.ActorDiedError):
+                continue
+            if isinstance(answer, BaseException):
+                raise StepHostUnknownError(
+                    f"step host {name} did not answer which steps of job {job_id} it runs: {answer}"
+                )
+            running.update(dict.fromkeys(answer, name))
+        return running
+
+    async def _find_dedicated(self, job_id: str) -> None:
+        """Handles of the job's dedicated step actors this activation did not create."""
+        for name in await asyncio.to_thread(self._dedicated_names, job_id):
+            if name not in self.handles:
+                with contextlib.suppress(ValueError):  # gone since it was listed
+                    self.handles[name] = ray.get_actor(name, namespace=self._namespace)
+
+    def _dedicated_names(self, job_id: str) -> list[str]:
+        prefix = step_actor_name(job_id, "")
+        return [
+            actor["name"]
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == self._namespace and actor["name"].startswith(prefix)
+        ]
 
     async def lift_fence(self, job_id: str) -> None:
         answers = await asyncio.gather(
@@ -123,13 +147,9 @@ class RayHosts:
 
     async def release_job(self, job_id: str) -> None:
         """Every dedicated step actor of the job, also those a lost activation left behind."""
-        prefix = step_actor_name(job_id, "")
-        named = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
-        for actor in named:
-            if actor["namespace"] == self._namespace and actor["name"].startswith(prefix):
-                with contextlib.suppress(Exception):
-                    handle = ray.get_actor(actor["name"], namespace=self._namespace)
-                    ray.kill(handle, no_restart=True)
+        for name in await asyncio.to_thread(self._dedicated_names, job_id):
+            with contextlib.suppress(Exception):
+                ray.kill(ray.get_actor(name, namespace=self._namespace), no_restart=True)
 
     async def activation_gone(self, activation: str) -> bool:
         return await asyncio.to_thread(activation_gone, activation)

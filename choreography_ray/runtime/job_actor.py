@@ -19,6 +19,7 @@ import ray
 
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.metrics import NO_METRICS, Metrics
+from choreography_ray.core.mode import Exit
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.spares import SPARE_SECONDS
 from choreography_ray.errors import StartJobError
@@ -107,16 +108,18 @@ class JobActor:
 
     async def _exit(self) -> None:
         async with self.core.turns.turn("exit"):
-            if self.core.exit_requested:
+            if self.core.exit is None:
+                return  # the job was reopened meanwhile
+            if self.core.exit is Exit.AT_REST:
                 try:
                     await self.hosts.release_job(self.core.job_id)
                 except Exception:
                     log.exception(
                         "job %s: releasing its dedicated step actors failed", self.core.job_id
                     )
-                await self._last_relay()
-                self.core.close()
-                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+            await self._last_relay()
+            self.core.close()
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     async def start(self) -> StartJobError | None:
         return await self.core.start()

@@ -433,6 +433,10 @@ class JobsManagerActor:
         """A job actor's metrics, recorded in this long-lived process (see `job_actor`)."""
         self.core.record_metrics((counts, observations))
 
+    async def spares(self) -> builtins.list[str]:
+        """The ids of the spare job actors ready for the next starts."""
+        return self.core.spares.ready()
+
     async def drain_stats(self) -> dict[str, Any]:
         """The rehydration drain as observed: order of dispatch and peak concurrency."""
         done = self.core._drain is None or self.core._drain.done()

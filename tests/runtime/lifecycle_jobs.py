@@ -82,6 +82,8 @@ class Work(BaseModel):
     block: bool = False
     #: Waits for the job's flag "go" and ignores the stop: it ends when the flag is set.
     ignore_stop: bool = False
+    #: Runs in an actor of its own (`DedicatedTracedStep`).
+    dedicated: bool = False
 
 
 class TracedStep(cr.JobStep[Work]):
@@ -131,6 +133,14 @@ class TracedStep(cr.JobStep[Work]):
         return cr.StepResult.succeeded()
 
 
+class DedicatedTracedStep(TracedStep):
+    dedicated = True
+
+
+def step_type(work: Work) -> type[TracedStep]:
+    return DedicatedTracedStep if work.dedicated else TracedStep
+
+
 # -- jobs -----------------------------------------------------------------------------------------
 
 
@@ -142,7 +152,7 @@ class Traced(cr.Job[Plan]):
     """Runs `TracedStep`s, one per `Work`, and traces every hook it runs."""
 
     def prepare_steps(self, request: Plan) -> list[cr.StepSpec]:
-        return [self.create_step(TracedStep, work, stage=work.stage) for work in request.steps]
+        return [self.create_step(step_type(work), work, stage=work.stage) for work in request.steps]
 
     async def on_before_resuming_job_steps(self) -> None:
         record(self.job_id, "on_before_resuming_job_steps")

@@ -21,6 +21,7 @@ import ray
 
 import choreography_ray as cr
 from choreography_ray.runtime.messages import Outcome
+from choreography_ray.runtime.names import manager_name
 from tests.runtime.conftest import FAST, actor_is_gone
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.scenario_jobs import (
@@ -659,12 +660,11 @@ def test_spare_job_actor__the_next_start_takes_it_and_a_spare_without_a_job_exit
     before = job_actor_names()
     first = manager.start(PlanJob, files.request([files.probe(0)]))
     manager.wait(first.job_id, timeout=WAIT)
-    # The first start had the manager create a spare: a job actor for an id with no record.
-    spare = eventually(
-        lambda: job_actor_names() - before - {f"job/{first.job_id}"}, what="a spare job actor"
-    )
-    assert len(spare) == 1
-    spare_id = spare.pop().removeprefix("job/")
+    # The first start had the manager create a spare: a job actor for an id with no record,
+    # taken once it answers.
+    manager_actor = ray.get_actor(manager_name(scope, "spares"), namespace=RAY_NAMESPACE)
+    (spare_id,) = eventually(lambda: ray.get(manager_actor.spares.remote()), what="a spare")
+    assert job_actor_names() - before - {f"job/{first.job_id}"} == {f"job/{spare_id}"}
     assert in_storage(storage_url, lambda s: s.get_job(spare_id)) is None
 
     second = manager.start(PlanJob, files.request([files.probe(1)]))

@@ -686,6 +686,37 @@ def test_stop__unfinished_when_the_job_actor_dies__is_finished_on_reactivation(
     assert len(starts(job_id)) == 2
 
 
+def test_stop__a_dedicated_step_of_the_activation_before_a_restart_is_waited_for(
+    connect: Any, scope: str, storage_url: str
+) -> None:
+    """Issue 23 (4): a stop waits for a dedicated step that ignores it; the job actor
+    restarts. The new activation finds the step actor the one before it created and waits
+    for it too, instead of finishing the stop (and killing the actor mid-perform)."""
+    manager = connect().manager(scope, "stop")
+    job_id = start(manager, Traced, Work(n=0, ignore_stop=True, dedicated=True))
+    wait_started(job_id, 1)
+    manager.stop(job_id)
+    kill_job_actor(job_id)
+    watchdog_ticked(job_id)
+    waiting = manager.get(job_id)
+    assert (waiting.status, waiting.stop_finalized) == (S.STOPPED, False)
+    set_flag(job_id, "go")
+    state = eventually(
+        lambda: (s := manager.get(job_id)).stop_finalized and s, 20, "the stop to be finalized"
+    )
+
+    assert [outcome for _, _, _, outcome in ends(job_id)] == ["succeeded"]
+    assert len(starts(job_id)) == 1
+    assert progress(state) == {
+        "total": 1,
+        "successful": 1,
+        "failed": 0,
+        "stopped": 0,
+        "unreachable": 0,
+    }
+    assert stored_steps(storage_url, job_id) == []
+
+
 def test_stop__while_the_resume_hook_is_owed__tells_the_running_steps(
     connect: Any, scope: str, storage_url: str
 ) -> None:

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from choreography_ray.core.mode import Mode
+from choreography_ray.core.mode import Exit, Mode
 from choreography_ray.errors import JobOperationError, StopJobError, StorageError
 from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
@@ -288,5 +288,66 @@ def test_leases__the_job_types_active_silos_decide_whether_an_owner_is_gone(
         await h.c.watchdog_tick()
         await h.settle()
         assert len(h.hosts.calls) == 2, "its node is gone as the job type sees it: started again"
+
+    activations.run(scenario)
+
+
+# -- item 4: a final stop leaves no step stored RUNNING --------------------------------------------
+
+
+@pytest.mark.parametrize("lease", [0.0, 0.2], ids=["leases-off", "leases-on"])
+def test_stop__steps_of_a_dead_host_are_stored_stopped_before_the_stop_is_final(
+    activations: Activations, lease: float
+) -> None:
+    """The soak's finding: step hosts killed, then a stop. Their steps are stored RUNNING by
+    the dead host and run nowhere (leases off: their restart failed; on: their lease has not
+    expired yet, so they are still active): the final STOPPED job, final at the latest at the
+    next watchdog tick, stores them STOPPED and counts each once."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[3]), step_lease_timeout=lease)
+        await h.c.start()
+        await h.settle()
+        h.hosts.fail_starts = 100  # every restart throws
+        for host in {host for host, _batch in h.hosts.calls}:
+            h.hosts.kill(host)
+        await h.settle()
+        assert h.hosts.running_ids() == set()
+        await h.c.stop()
+        await h.settle()
+        await h.c.watchdog_tick()  # leases on: the steps the dead host ran are still active
+        await h.settle()
+
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert {s.status for s in (await h.steps()).values()} == {STOPPED}
+        assert stored.progress.stopped_steps == 3
+        assert h.calls["on_stopped"] == 1
+
+    activations.run(scenario)
+
+
+# -- item 12: a restarted activation that cannot load leaves its steps running ---------------------
+
+
+def test_reactivation__a_load_that_fails_exits_without_releasing_the_steps(
+    activations: Activations,
+) -> None:
+    """A storage error while a restarted actor loads: its actor exits (`Exit.UNLOADED`), and
+    the job actor releases dedicated step actors only at `Exit.AT_REST`: the running steps are
+    the next activation's to adopt. A job whose record is gone is at rest."""
+
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await activations.new(StagedJob, Plan(sizes=[1], dedicated=[0]), storage=storage)
+        await h.c.start()
+        storage.fail("get_job")
+        core = await h.activate(reconstructed=True)
+        assert (core.mode, core.exit) == (Mode.UNLOADED, Exit.UNLOADED)
+        assert h.hosts.running_ids() == {"000000"}
+
+        await h.storage.remove_job(h.job_id)
+        core = await h.activate(reconstructed=True)
+        assert (core.mode, core.exit) == (Mode.UNLOADED, Exit.AT_REST)
 
     activations.run(scenario)
