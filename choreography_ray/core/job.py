@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 from collections import defaultdict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -1243,6 +1244,8 @@ class JobCore:
                 if stopped
                 else set()
             )
+        # The counts the resume saves; the activation goes back to them when the save fails.
+        stages, counting = copy.deepcopy(self.stages), copy.deepcopy(self.counting)
         self.stages.recount(counts)
         # A stop counted for a step that has since reached its outcome (a take-back lost with
         # an activation before it was saved) is taken back now.
@@ -1253,6 +1256,12 @@ class JobCore:
         self.state = state.model_copy(
             update={"records_counted_steps": True, "stop_finalized": False}
         )
+        try:
+            await self._set_status(JobStatus.RUNNING)
+        except Exception:
+            # Nothing of the resume applies: steps still winding down stay active here.
+            self.state, self.stages, self.counting = state, stages, counting
+            raise
         self.window.clear()
         self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
@@ -1262,11 +1271,6 @@ class JobCore:
         # never-started steps (a stop counts them as stopped).
         self._plan = {state.stage: self._adopt(running, host_of)}
         self.feed = Feed(state.stage, skip={row.step_id for row in running})
-        try:
-            await self._set_status(JobStatus.RUNNING)
-        except Exception:
-            self.state = state
-            raise
         self.live = True
         self.exit = None
         self._completed_hook_ran = False

@@ -351,3 +351,39 @@ def test_reactivation__a_load_that_fails_exits_without_releasing_the_steps(
         assert (core.mode, core.exit) == (Mode.UNLOADED, Exit.AT_REST)
 
     activations.run(scenario)
+
+
+# -- item 11: a resume whose save fails changes nothing ---------------------------------------------
+
+
+def test_resume__a_failed_save_leaves_the_stop_waiting_for_its_running_step(
+    activations: Activations,
+) -> None:
+    """A stopped job with a step winding down is resumed and the RUNNING save fails: nothing of
+    the resume applies (its recount, its counted records), the step is still the stop's to
+    wait for, and its report counts."""
+
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await activations.new(StagedJob, Plan(sizes=[2]), storage=storage)
+        await h.c.start()
+        await h.hosts.finish("000000")
+        await h.c.stop()
+        await h.settle()
+        before = (h.c.stages.progress(), h.c.counting.records, set(h.c.counting.stopped))
+        storage.fail("save_job")
+        with pytest.raises(StorageError):
+            await h.c.resume()
+        assert not (await h.stored()).stop_finalized
+        assert set(h.c.window.active) == {"000001"}, "the stop still waits for it"
+        after = (h.c.stages.progress(), h.c.counting.records, set(h.c.counting.stopped))
+        assert after == before, "the resume's recount and counted records are not applied"
+
+        assert len(await h.hosts.stop_cancelled()) == 1
+        await h.settle()
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 1)
+        assert h.calls["on_stopped"] == 1
+
+    activations.run(scenario)
