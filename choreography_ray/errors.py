@@ -12,6 +12,8 @@ One root, `ChoreographyError`::
     ├── JobsManagerUnavailableError  the jobs manager could not be reached within the bound
     ├── SchedulerOperationError    a scheduler operation was refused (.error, a SchedulerError)
     ├── SchedulerUnavailableError  the scheduler actor could not be reached within the bound
+    ├── StepHostUnknownError       a live step host did not say which steps it runs (asked again)
+    ├── ReportAgainError           a job could not take a step's report now (the host reports again)
     └── StorageError               anything the storage layer reports
         ├── StorageUnavailableError      the database cannot be reached (URL shown without password)
         ├── ConcurrencyError             a job save lost an optimistic-concurrency race
@@ -164,6 +166,11 @@ class JobsManagerUnavailableError(ChoreographyError):
 class StepHostUnknownError(ChoreographyError):
     """A live step host did not answer which steps it runs: they are unknown, not none (the
     operation that asked is tried again)."""
+
+
+class ReportAgainError(ChoreographyError):
+    """The job could not take a step's report now (finishing its removal failed): the step host
+    delivers it again, which runs the finish again."""
 
 
 class SchedulerOperationError(ChoreographyError):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
+from choreography_ray.core.messages import StepStart
 from choreography_ray.core.metrics import Labels
-from choreography_ray.runtime.messages import StepStart
 
 
 class Hosts(Protocol):
@@ -16,9 +16,10 @@ class Hosts(Protocol):
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
-    ) -> None:
-        """Hands a batch to a host; returns once the host has stored it RUNNING. `labels` are
-        the job's metric tags, for what the host records of it."""
+    ) -> str:
+        """Hands a batch to a host; returns once the host has stored it RUNNING, with the
+        host's incarnation (a restarted host is a new one). `labels` are the job's metric
+        tags, for what the host records of it."""
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         """Tells every running step of the job on these hosts to stop."""
@@ -31,8 +32,9 @@ class Hosts(Protocol):
     async def lift_fence(self, job_id: str) -> None:
         """The hosts write the job's outcomes again."""
 
-    async def watch(self, host: str) -> None:
-        """Returns (or raises) once the host is gone."""
+    async def watch(self, host: str, incarnation: str | None) -> None:
+        """Returns once that incarnation of the host is gone (dead, or restarted since; None:
+        the one that runs now); raises when that cannot be told now (the caller asks again)."""
 
     def release(self, host: str) -> None:
         """A dedicated step's actor is done with."""

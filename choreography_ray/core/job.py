@@ -27,6 +27,7 @@ from choreography_ray.core import leases, resuming, stopping
 from choreography_ray.core.cleanup import keeps_records
 from choreography_ray.core.counting import Counting
 from choreography_ray.core.hosts import Hosts
+from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.metrics import (
     NO_METRICS,
     BatchKind,
@@ -75,6 +76,7 @@ from choreography_ray.errors import (
     ConcurrencyError,
     JobOperationError,
     RemoveJobError,
+    ReportAgainError,
     ResumeJobError,
     RetryFailedStepsError,
     StartJobError,
@@ -84,7 +86,6 @@ from choreography_ray.job import Job
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import JobState, ResumeAfter, StatusChange
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.step import JobStep
 from choreography_ray.storage import PlannedStep, StepUpdate, Storage, StoredStart, step_pages
@@ -139,7 +140,8 @@ class JobCore:
         self.feed: Feed | None = None
         self._dirty = False
         self._dedicated: dict[str, bool] = {}  # step type path -> dedicated
-        self._watched: set[str] = set()
+        #: Per host, the incarnation this activation watches (the last one that answered).
+        self._incarnations: dict[str, str | None] = {}
         #: Active steps whose host's process is known to be gone (leases on).
         self._lost_owner: set[str] = set()
         self._timers = Timers(self._kick)
@@ -532,7 +534,7 @@ class JobCore:
                 start = StepStart(row.step_id, row.type, row.stage, max(1, row.attempt),
                                   row.request_json)  # fmt: skip
                 self.window.active[row.step_id] = (start, host)
-                self._watch(host)
+                self._watch(host, None)
             else:
                 rest.append(to_start(row))
         return rest
@@ -797,13 +799,14 @@ class JobCore:
 
         async def send() -> None:
             error: Exception | None = None
+            incarnation = None
             try:
-                await self.hosts.start(host, self.job_id, batch, labels)
+                incarnation = await self.hosts.start(host, self.job_id, batch, labels)
             except Exception as failure:
                 error = failure
             try:
                 async with self.turns.turn(f"start answered by {host}"):
-                    await self._answered(host, batch, error)
+                    await self._answered(host, batch, error, incarnation)
             finally:
                 if not answered.done():
                     answered.set_result(error is None)
@@ -811,7 +814,18 @@ class JobCore:
         self.tasks.spawn(f"start {len(batch)} steps on {host}", send())
         return answered
 
-    async def _answered(self, host: str, batch: list[StepStart], error: Exception | None) -> None:
+    async def _answered(
+        self,
+        host: str,
+        batch: list[StepStart],
+        error: Exception | None,
+        incarnation: str | None = None,
+    ) -> None:
+        known = self._incarnations.get(host)
+        if error is None and known is not None and known != incarnation:
+            # The host restarted since it last answered: the steps it ran then are gone (this
+            # batch's are still being started, so not among them).
+            await self._host_lost(host)
         self.window.answered(batch, error is None)
         self._kick()
         if error is not None:
@@ -832,7 +846,7 @@ class JobCore:
         if not self.window.start_failed:
             self._timers.clear("starts")
         self.tally.started += len(batch)
-        self._watch(host)
+        self._watch(host, incarnation)
         if not self.live and self._state.status in (JobStatus.STOPPED, JobStatus.REMOVING):
             # The stop reached this host before these steps did: tell them again.
             await self.hosts.cancel([host], self.job_id, self._state.status is JobStatus.REMOVING)
@@ -894,47 +908,63 @@ class JobCore:
             self._send(host, batch)
         self.window.requeue(again)
 
-    def _watch(self, host: str) -> None:
-        """Learns that a host died from its watch call ending."""
-        if host in self._watched:
+    def _watch(self, host: str, incarnation: str | None) -> None:
+        """Learns that this incarnation of a host is gone (it died, or restarted) from its
+        watch call ending; a watch that fails without telling is asked again (None: whatever
+        incarnation runs now, for a host found running the job's steps)."""
+        if host in self._incarnations and incarnation in (None, self._incarnations[host]):
             return
-        self._watched.add(host)
+        self._incarnations[host] = incarnation
 
         async def gone() -> None:
             async with self.turns.turn(f"host {host} gone"):
-                self._watched.discard(host)
-                # A step whose outcome the gone host stored counts that outcome.
-                stage = self._state.stage
-                on_host = {s.step_id for s in self.window.on_host(host)}
-                stored_of_host = {k: v for k, v in self._settleable(stage).items() if k in on_host}
-                await self._settle_stored(stored_of_host)
-                lost = self.window.on_host(host)
-                if lost and not self.live:
-                    await self._store_stops(lost)
-                    await self._finish_stop_when_reported()
-                elif lost and self.options.lease_seconds is None:
-                    log.warning(
-                        "job %s: host %s died with %d steps; starting them again",
-                        self.job_id,
-                        host,
-                        len(lost),
-                    )
-                    self.window.requeue(lost)
-                elif lost:
-                    # With leases the lease decides; that this host's process is gone is known
-                    # now, whatever Ray's state API can tell later.
-                    self._lost_owner.update(start.step_id for start in lost)
+                if self._incarnations.get(host) != incarnation:
+                    return  # a later incarnation answered since: its answer handled the loss
+                await self._host_lost(host)
+                del self._incarnations[host]
                 await self.hosts.refresh()
 
         async def watch() -> None:
-            try:
-                await self.hosts.watch(host)
-            except Exception as error:
-                log.info("job %s: host %s is gone: %s", self.job_id, host, error)
+            failures = 0
+            while True:
+                try:
+                    await self.hosts.watch(host, incarnation)
+                    break
+                except Exception as error:
+                    failures += 1
+                    delay = STANDARD.delay(failures)
+                    log.warning("job %s: watching host %s failed (%s); again in %.0f s",
+                                self.job_id, host, error, delay)  # fmt: skip
+                    await asyncio.sleep(delay)
+            log.info("job %s: host %s (%s) is gone", self.job_id, host, incarnation)
             await self._until_done(f"handling the loss of host {host}", gone)
             self._kick()
 
         self.tasks.spawn(f"watch {host}", watch())
+
+    async def _host_lost(self, host: str) -> None:
+        """The incarnation of `host` that ran this activation's answered steps is gone: a step
+        whose outcome it stored counts that; the others never report. A stopping job stores
+        them STOPPED; a running one starts them again (leases off) or leaves them to the lease
+        (on). Steps whose start is unanswered wait for their answer."""
+        stage = self._state.stage
+        lost_ids = {
+            s.step_id for s in self.window.on_host(host) if s.step_id not in self.window.starting
+        }
+        await self._settle_stored({k: v for k, v in self._settleable(stage).items()
+                                   if k in lost_ids})  # fmt: skip
+        lost = [s for s in self.window.on_host(host) if s.step_id in lost_ids]
+        if lost and not self.live:
+            await self._store_stops(lost)
+            await self._finish_stop_when_reported()
+        elif lost and self.options.lease_seconds is None:
+            log.warning("job %s: host %s died with %d steps; starting them again", self.job_id,
+                        host, len(lost))  # fmt: skip
+            self.window.requeue(lost)
+        elif lost:
+            # With leases the lease decides; that this host's process is gone is known now,
+            # whatever Ray's state API can tell later.
+            self._lost_owner.update(start.step_id for start in lost)
 
     async def _check_stage(self) -> None:
         stage = self._state.stage
@@ -982,7 +1012,7 @@ class JobCore:
                 finished = await self._finish_stop_when_reported()
             if not finished and self._state.status is JobStatus.REMOVING:
                 # The step's next report runs the finish again (the timer also retries it).
-                raise RuntimeError(
+                raise ReportAgainError(
                     f"finishing the removal of job {self.job_id} failed; report again"
                 )
         self._kick()

@@ -16,8 +16,8 @@ from collections.abc import Collection
 from datetime import timedelta
 
 from choreography_ray.core.hosts import Hosts
+from choreography_ray.core.messages import StepStart
 from choreography_ray.model import Lease, utcnow
-from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import StepStatus
 from choreography_ray.storage import Storage
 

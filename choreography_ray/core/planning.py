@@ -23,8 +23,8 @@ from collections.abc import AsyncIterable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
+from choreography_ray.core.messages import StepStart
 from choreography_ray.job import StepSpec
-from choreography_ray.runtime.messages import StepStart
 from choreography_ray.status import UNFINISHED_STEP, StepStatus
 from choreography_ray.storage import PlannedStep, StoredStart
 

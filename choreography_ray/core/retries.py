@@ -16,9 +16,9 @@ from typing import Any
 
 from choreography_ray.core.backoff import STANDARD as STANDARD
 from choreography_ray.core.backoff import Backoff as Backoff
+from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.job import Job
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.step import StepResult
 
 

@@ -11,8 +11,8 @@ what runs, never the job's size. A zero, negative or infinite interval turns it 
 
 from __future__ import annotations
 
+from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.model import StepState
-from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import FAILED_STEP, UNFINISHED_STEP, StepStatus
 from choreography_ray.storage import Storage
 

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from choreography_ray.core.messages import StepStart
 from choreography_ray.options import JobsOptions, window_size
-from choreography_ray.runtime.messages import StepStart
 
 
 @dataclass(slots=True)

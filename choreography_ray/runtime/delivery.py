@@ -14,11 +14,11 @@ from typing import Any
 
 import ray
 
+from choreography_ray.core.messages import Outcome, outcomes_to_wire
 from choreography_ray.core.metrics import NO_METRICS, UNKNOWN, Counter, Labels, Metrics
 from choreography_ray.core.retries import Backoff
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.messages import Outcome, outcomes_to_wire
 from choreography_ray.runtime.names import job_name
 
 log = get_logger(__name__)

@@ -12,12 +12,12 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from choreography_ray.core.messages import StepStart, starts_to_wire
 from choreography_ray.core.metrics import Labels
 from choreography_ray.errors import StepHostUnknownError
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.membership import alive_cpu_nodes
-from choreography_ray.runtime.messages import StepStart, starts_to_wire
 from choreography_ray.runtime.names import actor_options, step_actor_name, step_host_name
 from choreography_ray.runtime.step_host import StepHost
 from choreography_ray.types import import_type
@@ -34,6 +34,8 @@ class RayHosts:
         self.handles: dict[str, Any] = {}
         self._shared: list[str] = []
         self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
+        #: Kills of released dedicated step actors in flight.
+        self._releasing: set[asyncio.Task[None]] = set()
 
     async def refresh(self) -> None:
         """Creates (or finds) the hosts of every alive node; forgets those of dead nodes."""
@@ -74,9 +76,13 @@ class RayHosts:
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
-    ) -> None:
+    ) -> str:
         wire = starts_to_wire(batch)
-        await self.handles[host].start_steps.remote(job_id, self.context, wire, tuple(labels))
+        handle = self.handles[host]
+        _started, incarnation = await handle.start_steps.remote(
+            job_id, self.context, wire, tuple(labels)
+        )
+        return str(incarnation)
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         handles = [self.handles[h] for h in hosts if h in self.handles]
@@ -134,16 +140,31 @@ class RayHosts:
                 log.warning("job %s: lifting a host's fence failed (it lifts itself): %s",
                             job_id, answer)  # fmt: skip
 
-    async def watch(self, host: str) -> None:
+    async def watch(self, host: str, incarnation: str | None) -> None:
         handle = self.handles.get(host)
-        if handle is not None:
-            await handle.watch.remote()
+        if handle is None:
+            return  # released: this activation is done with it
+        try:
+            await handle.watch.remote(incarnation)
+        except ray.exceptions.ActorDiedError:
+            return
 
     def release(self, host: str) -> None:
+        """Kills a dedicated step's actor in a named task: `ray.kill` is a call to the GCS,
+        which a turn does not wait for."""
         handle = self.handles.pop(host, None)
-        if handle is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(handle, no_restart=True)
+        if handle is None:
+            return
+        kill = asyncio.to_thread(ray.kill, handle, no_restart=True)
+        task = asyncio.get_running_loop().create_task(kill, name=f"release {host}")
+        self._releasing.add(task)
+        task.add_done_callback(self._released)
+
+    def _released(self, task: asyncio.Task[None]) -> None:
+        self._releasing.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("%s failed (its job releases it again as it ends): %s",
+                        task.get_name(), error)  # fmt: skip
 
     async def release_job(self, job_id: str) -> None:
         """Every dedicated step actor of the job, also those a lost activation left behind."""

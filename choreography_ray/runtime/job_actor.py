@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from choreography_ray.core.job import JobCore
+from choreography_ray.core.messages import OutcomeWire, outcomes_from_wire
 from choreography_ray.core.metrics import NO_METRICS, Metrics
 from choreography_ray.core.mode import Exit
 from choreography_ray.core.retries import STANDARD
@@ -27,7 +28,6 @@ from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.hosts import RayHosts
-from choreography_ray.runtime.messages import OutcomeWire, outcomes_from_wire
 from choreography_ray.runtime.metrics import MetricsBatch, RelayedMetrics
 from choreography_ray.runtime.names import manager_name
 from choreography_ray.runtime.process import tune_gc

@@ -38,6 +38,7 @@ from typing import Any
 import ray
 from pydantic import BaseModel
 
+from choreography_ray.core.messages import Outcome, StartWire, StepStart, starts_from_wire
 from choreography_ray.core.metrics import UNKNOWN, Histogram, Labels, WriteOperation
 from choreography_ray.core.retries import Backoff
 from choreography_ray.logs import configure_actor, get_logger, ids
@@ -46,7 +47,6 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
-from choreography_ray.runtime.messages import Outcome, StartWire, StepStart, starts_from_wire
 from choreography_ray.runtime.metrics import metrics_for
 from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
@@ -133,7 +133,8 @@ class StepHostCore:
         self._room = asyncio.Condition()
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="step")
         self._silo = ray.get_runtime_context().get_node_id()
-        self._activation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
+        #: This process of the hosting actor: a restart is a new incarnation.
+        self.incarnation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
         self.tasks: set[asyncio.Task[None]] = set()
 
     def tenant(self, job_id: str, context: tuple[str, str]) -> Tenant:
@@ -148,7 +149,7 @@ class StepHostCore:
     def lease(self, tenant: Tenant) -> Lease | None:
         if tenant.options.lease_seconds is None:
             return None
-        return Lease(silo=self._silo, activation=self._activation, heartbeat=utcnow())
+        return Lease(silo=self._silo, activation=self.incarnation, heartbeat=utcnow())
 
     async def start_steps(
         self,
@@ -608,11 +609,14 @@ class StepHost:
         context: tuple[str, str],
         steps: bytes | list[StartWire],
         labels: tuple[str, str, str] | None = None,
-    ) -> int:
-        """`labels` (scope, namespace, job type) tag what the host records of the job; a job
+    ) -> tuple[int, str]:
+        """How many steps started, and this host's incarnation (what the job watches).
+        `labels` (scope, namespace, job type) tag what the host records of the job; a job
         actor of an earlier release sends none."""
         job_labels = UNKNOWN if labels is None else Labels(*labels)
-        return await self.core.start_steps(job_id, context, starts_from_wire(steps), job_labels)
+        starts = starts_from_wire(steps)
+        started = await self.core.start_steps(job_id, context, starts, job_labels)
+        return started, self.core.incarnation
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)
@@ -632,9 +636,11 @@ class StepHost:
         core = self.core
         return sorted(set(core.job_tenant) | core.removing_jobs | set(core.holds))
 
-    async def watch(self) -> None:
-        """Never returns: a caller awaiting it learns from Ray's error that this host died."""
-        await asyncio.Event().wait()
+    async def watch(self, incarnation: str | None = None) -> None:
+        """Returns at once when `incarnation` is not this one (the host restarted since);
+        else never: a caller awaiting it learns from Ray's error that this host died."""
+        if incarnation is None or incarnation == self.core.incarnation:
+            await asyncio.Event().wait()
 
     def drop_deliveries(self, job_ids: list[str]) -> None:
         """Fault injection for tests: deliveries to these jobs are dropped."""

@@ -204,10 +204,7 @@ def test_checker__a_remove_answered_unknown_is_removal_unless_it_never_stored_re
 
 #: Soak seeds that still fail now and then on a defect an open issue names: they run, and a
 #: failure is reported as expected (xfail) until that issue's fix.
-OPEN_DEFECTS = {
-    4023: "issue 23 (4, 5): in a fresh-clone CI run (7ac0ed3) a job stopped 2.5 s after a step "
-    "host's SIGKILL was still stopping 150 s after the last fault: the stop never became final",
-}
+OPEN_DEFECTS: dict[int, str] = {}
 
 
 @pytest.mark.timeout(PROFILES["soak"].deadline + 120)

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
-from choreography_ray.runtime.messages import Outcome
+from choreography_ray.core.messages import Outcome
 from choreography_ray.runtime.names import manager_name
 from tests.runtime.conftest import FAST, actor_is_gone
 from tests.runtime.sample_jobs import FanOut, FanOutRequest

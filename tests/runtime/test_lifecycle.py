@@ -19,8 +19,8 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from choreography_ray.core.messages import Outcome
 from choreography_ray.model import JobState, StepState
-from choreography_ray.runtime.messages import Outcome
 from choreography_ray.storage import CountedKind, Storage
 from tests.runtime.conftest import FAST, actor_is_gone
 from tests.runtime.lifecycle_jobs import (

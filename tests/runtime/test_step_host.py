@@ -17,8 +17,8 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from choreography_ray.core.messages import StepStart, starts_to_wire
 from choreography_ray.model import JobState, StatusChange
-from choreography_ray.runtime.messages import StepStart, starts_to_wire
 from choreography_ray.runtime.step_host import StepHost
 from choreography_ray.storage import PlannedStep, StepUpdate, Storage
 from choreography_ray.types import type_path
@@ -248,7 +248,9 @@ def test_fence__waits_for_a_later_attempts_running_write_then_lists_it(  # type:
     host, job_id, context = host_with_failed_steps(storage_url, capacity=4)
     try:
         # "a" runs first: the host has its storage open before the lock is taken.
-        assert ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT) == 1
+        assert (
+            ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT)[0] == 1
+        )
         with write_lock(storage_url) as locked:
             started = host.start_steps.remote(job_id, context, starts("b", 2))
             assert ray.get(host.running_steps.remote(job_id), timeout=WAIT) == ["a"]
@@ -262,7 +264,7 @@ def test_fence__waits_for_a_later_attempts_running_write_then_lists_it(  # type:
             assert row == (cr.StepStatus.FAILED.value, 1)
 
         assert sorted(ray.get(fenced, timeout=WAIT)) == ["a", "b"]
-        assert ray.get(started, timeout=WAIT) == 1
+        assert ray.get(started, timeout=WAIT)[0] == 1
         assert stored(storage_url, job_id, "b") == (cr.StepStatus.RUNNING, 2)
     finally:
         ray.kill(host)
@@ -274,7 +276,9 @@ def test_fence__refuses_a_start_still_waiting_for_room(ray_cluster, storage_url)
     it is refused, and its step never runs over the outcome the new activation counts."""
     host, job_id, context = host_with_failed_steps(storage_url, capacity=1)
     try:
-        assert ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT) == 1
+        assert (
+            ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT)[0] == 1
+        )
         waiting = host.start_steps.remote(job_id, context, starts("b", 2))  # no room for it
 
         assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
@@ -285,7 +289,7 @@ def test_fence__refuses_a_start_still_waiting_for_room(ray_cluster, storage_url)
         # A start sent after the fence waits for room as any other.
         again = host.start_steps.remote(job_id, context, starts("b", 2))
         ray.get(host.cancel_steps.remote(job_id), timeout=WAIT)
-        assert ray.get(again, timeout=WAIT) == 1
+        assert ray.get(again, timeout=WAIT)[0] == 1
     finally:
         ray.kill(host)
 
@@ -297,7 +301,9 @@ def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, st
     written once the job lifts the fence."""
     host, job_id, context = host_with_failed_steps(storage_url, capacity=4)
     try:
-        assert ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT) == 1
+        assert (
+            ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT)[0] == 1
+        )
         assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
 
         assert ray.get(host.cancel_steps.remote(job_id), timeout=WAIT) == 1  # "a" ends

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 
-from choreography_ray.runtime.messages import (
+from choreography_ray.core.messages import (
     Outcome,
     StepStart,
     outcomes_from_wire,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from choreography_ray.core.messages import Outcome
 from choreography_ray.core.metrics import (
     JOBS_GAUGE,
     NO_METRICS,
@@ -22,7 +23,6 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import metrics as ray_port
 from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.group_commit import GroupCommit
-from choreography_ray.runtime.messages import Outcome
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import StepUpdate
 from choreography_ray.storage.memory import MemoryStorage

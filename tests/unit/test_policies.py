@@ -9,9 +9,9 @@ import pytest
 from pydantic import BaseModel
 
 import choreography_ray as cr
+from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.retries import RetryDecision, RetrySchedule, decide
 from choreography_ray.core.watchdog import HookBackoff
-from choreography_ray.runtime.messages import Outcome, StepStart
 
 pytestmark = pytest.mark.timeout(10)
 

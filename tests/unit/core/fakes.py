@@ -14,7 +14,10 @@ each step ends and how its report travels:
 Fault switches, all deliberate: `fail_starts` (the next start operations raise),
 `lose_start_answers` (the next start operations start their steps, then raise), `start_gate`
 (start operations wait for it, so a test sees them in flight), `kill(host)` (the host dies: its
-watch returns, its steps are gone from `running()`, storage keeps them RUNNING). As a real
+watch returns, its steps are gone from `running()`, storage keeps them RUNNING), `restart(host)`
+(the same, and the host comes back as a new incarnation), `restart_after_answer` (a host
+restarts right after it answered a start), `watch_errors` (watch calls raise while the host
+lives). As a real
 host, `running(job, fence=True)` refuses the job's start operations waiting at the gate, and
 holds the job's outcome writes (a step stays running meanwhile) until `lift_fence(job)`.
 """
@@ -26,10 +29,10 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from choreography_ray.core.job import JobCore
+from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.metrics import Counter, Histogram, Labels
 from choreography_ray.errors import StorageError, StorageUnavailableError
 from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
-from choreography_ray.runtime.messages import Outcome, StepStart
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
 from choreography_ray.storage.memory import MemoryStorage
@@ -90,7 +93,17 @@ class FakeHosts:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.dead: set[str] = set()
-        self._gone: dict[str, asyncio.Event] = {}
+        #: Set when that incarnation of the host is gone, by (host, incarnation).
+        self._gone: dict[tuple[str, str], asyncio.Event] = {}
+        #: How often each host restarted: its incarnation is "{host}#{restarts}".
+        self.restarts: dict[str, int] = {}
+        #: Fault: the next this many watch calls raise without the host being gone.
+        self.watch_errors = 0
+        #: Every watch call made, as (host, incarnation).
+        self.watches: list[tuple[str, str | None]] = []
+        #: Fault: the next this many start operations' hosts restart right after answering
+        #: (the answer carries the incarnation that is gone).
+        self.restart_after_answer = 0
         #: Per job, how many fenced `running` calls were made (see `StepHostCore.fences`).
         self.fences: dict[str, int] = {}
         #: The jobs whose fence is up, each with the event its lifting sets.
@@ -113,7 +126,7 @@ class FakeHosts:
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
-    ) -> None:
+    ) -> str:
         """A start operation, once sent, runs on its host even when the activation that sent
         it is gone (its caller cancelled)."""
         self.calls.append((host, list(batch)))
@@ -121,6 +134,11 @@ class FakeHosts:
         on_host = asyncio.ensure_future(self._start(host, job_id, batch))
         on_host.add_done_callback(lambda done: done.cancelled() or done.exception())
         await asyncio.shield(on_host)
+        incarnation = self.incarnation(host)
+        if self.restart_after_answer > 0:
+            self.restart_after_answer -= 1
+            self.restart(host)
+        return incarnation
 
     async def _start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
         self.in_flight += len(batch)
@@ -184,10 +202,15 @@ class FakeHosts:
             if run.job_id == job_id and host not in self.dead
         }
 
-    async def watch(self, host: str) -> None:
-        if host in self.dead:
+    async def watch(self, host: str, incarnation: str | None) -> None:
+        self.watches.append((host, incarnation))
+        if self.watch_errors > 0:
+            self.watch_errors -= 1
+            raise ConnectionError(f"watching {host} failed (fault injected on purpose)")
+        current = self.incarnation(host)
+        if host in self.dead or incarnation not in (None, current):
             return
-        await self._gone.setdefault(host, asyncio.Event()).wait()
+        await self._gone.setdefault((host, current), asyncio.Event()).wait()
 
     def release(self, host: str) -> None:
         self.released.append(host)
@@ -212,9 +235,21 @@ class FakeHosts:
         self.dead.add(host)
         if replace and host in self.shared:
             self.shared.append(f"host-{len(self.shared)}")
+        self._lose(host)
+
+    def incarnation(self, host: str) -> str:
+        return f"{host}#{self.restarts.get(host, 0)}"
+
+    def restart(self, host: str) -> None:
+        """The host's process dies and comes back as a new incarnation: its steps are gone
+        (storage keeps them RUNNING); watches of the old incarnation return."""
+        self._lose(host)
+        self.restarts[host] = self.restarts.get(host, 0) + 1
+
+    def _lose(self, host: str) -> None:
         for key in [key for key in self.runs if key[0] == host]:
             del self.runs[key]
-        self._gone.setdefault(host, asyncio.Event()).set()
+        self._gone.setdefault((host, self.incarnation(host)), asyncio.Event()).set()
 
     async def lift_fence(self, job_id: str) -> None:
         lifted = self.fenced.pop(job_id, None)

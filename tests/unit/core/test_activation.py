@@ -353,7 +353,7 @@ def test_reactivation__a_load_that_fails_exits_without_releasing_the_steps(
     activations.run(scenario)
 
 
-# -- item 11: a resume whose save fails changes nothing ---------------------------------------------
+# -- item 11: a resume whose save fails changes nothing --------------------------------------------
 
 
 def test_resume__a_failed_save_leaves_the_stop_waiting_for_its_running_step(
@@ -385,5 +385,89 @@ def test_resume__a_failed_save_leaves_the_stop_waiting_for_its_running_step(
         assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
         assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 1)
         assert h.calls["on_stopped"] == 1
+
+    activations.run(scenario)
+
+
+# -- items 6 and 8: a host is gone when its incarnation is -----------------------------------------
+
+
+def test_watch__an_error_without_a_death_is_asked_again_and_starts_nothing_twice(
+    activations: Activations,
+) -> None:
+    """A watch call that fails while its host lives (leases off) does not start the host's
+    steps a second time elsewhere; the host's death, later, still does."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        h.hosts.watch_errors = 1
+        await h.c.start()
+        await h.settle()
+        await eventually(lambda: len(h.hosts.watches) == 2, what="the watch asked again")
+        await h.settle()
+        assert len(h.hosts.calls) == 1, "the host lives: its steps are not started again"
+        (host,) = {host for host, _batch in h.hosts.calls}
+
+        h.hosts.kill(host)
+        await h.settle()
+        assert len(h.hosts.calls) == 2
+        await h.hosts.finish_all()
+        await h.settle()
+        assert (await h.stored()).progress.successful_steps == 2
+
+    activations.run(scenario)
+
+
+def test_watch__a_host_that_restarted_before_its_watch_is_gone_for_the_job(
+    activations: Activations,
+) -> None:
+    """The host restarts between its answer and the watch: the watch of the answering
+    incarnation returns at once, and the steps it ran start again."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        h.hosts.restart_after_answer = 1
+        await h.c.start()
+        await h.settle()
+        assert len(h.hosts.calls) == 2, "started again on a live incarnation"
+        assert h.hosts.running_ids() == {"000000", "000001"}
+        await h.hosts.finish_all()
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored.progress.successful_steps == 2
+
+    activations.run(scenario)
+
+
+def test_watch__a_host_restart_seen_in_a_later_answer_restarts_only_the_steps_it_lost(
+    activations: Activations,
+) -> None:
+    """Two steps on one host in two start operations, the first of which throws; the host
+    restarts; its watch cannot tell. The failed step's restart is answered by the new
+    incarnation: that answer tells the job that the other step is gone, and it starts again,
+    once."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), step_batch_size=1)
+        h.hosts.shared = ["host-0"]
+        h.hosts.watch_errors = 1_000  # the watch never tells
+        h.hosts.fail_starts = 1
+        await h.c.start()
+        await h.settle()
+        assert h.hosts.running_ids() == {"000001"}
+        h.hosts.restart("host-0")
+
+        await h.c.watchdog_tick()  # restarts the step whose start threw
+        await h.settle()
+        assert [batch[0].step_id for _host, batch in h.hosts.calls] == [
+            "000000", "000001", "000000", "000001"
+        ]  # fmt: skip
+        assert h.hosts.running_ids() == {"000000", "000001"}
+        await h.hosts.finish_all()
+        await h.settle()
+        stored = await h.stored()
+        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
+        assert stored.progress.successful_steps == 2
 
     activations.run(scenario)

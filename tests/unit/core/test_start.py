@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from choreography_ray.core.messages import Outcome
 from choreography_ray.errors import StartJobError
-from choreography_ray.runtime.messages import Outcome
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage.memory import MemoryStorage
 from tests.unit.core.conftest import FAST, Activations

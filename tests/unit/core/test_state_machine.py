@@ -36,9 +36,9 @@ from hypothesis.stateful import (
     rule,
 )
 
+from choreography_ray.core.messages import Outcome
 from choreography_ray.core.retries import Backoff
 from choreography_ray.errors import JobOperationError, StartJobError, StorageError
-from choreography_ray.runtime.messages import Outcome
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind
 from tests.unit.core import jobs
