@@ -592,9 +592,8 @@ class JobCore:
         before lands after. A recount and the steps adopted are then one picture: a step
         listed has no outcome stored (it counts when it reports), and an outcome stored is of
         a step not listed (the recount counts it)."""
-        host_of = await self.hosts.running(self.job_id, fence=True)
-        try:
-            yield host_of
+        try:  # a host that does not answer fails the read: those that did are lifted too
+            yield await self.hosts.running(self.job_id, fence=True)
         finally:
             await self.hosts.lift_fence(self.job_id)
 

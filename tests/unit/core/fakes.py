@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.metrics import Counter, Histogram, Labels
-from choreography_ray.errors import StorageError, StorageUnavailableError
+from choreography_ray.errors import StepHostUnknownError, StorageError, StorageUnavailableError
 from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
@@ -99,6 +99,9 @@ class FakeHosts:
         self.restarts: dict[str, int] = {}
         #: Fault: the next this many watch calls raise without the host being gone.
         self.watch_errors = 0
+        #: Fault: the next this many `running` calls fence the job's hosts, then raise (one
+        #: host did not answer).
+        self.running_errors = 0
         #: Every watch call made, as (host, incarnation).
         self.watches: list[tuple[str, str | None]] = []
         #: Fault: the next this many start operations' hosts restart right after answering
@@ -196,6 +199,9 @@ class FakeHosts:
         if fence:
             self.fences[job_id] = self.fences.get(job_id, 0) + 1
             self.fenced.setdefault(job_id, asyncio.Event())
+        if self.running_errors > 0:
+            self.running_errors -= 1
+            raise StepHostUnknownError("a host did not answer (fault injected on purpose)")
         return {
             step_id: host
             for (host, step_id), run in self.runs.items()

@@ -1,8 +1,12 @@
-"""The activation's mode (issue 23): no call is served before a restarted activation has
-recovered (item 1); a save whose answer was lost and whose read-back failed does not wedge the
-record (item 2); a start whose last save fails is finished by the watchdog (item 3); a start
-that fails after a stop does not keep the stop from its end (item 5); a stop or removal while a
-terminal status is owed does not wedge the pump (item 10)."""
+"""The job activation (issue 23), one test per defect, each failing before its fix: no call is
+served before a restarted activation has recovered (1); a save whose answer was lost and whose
+read-back failed does not wedge the record (2); a start whose last save fails is finished by
+the watchdog (3); a final stop leaves no step running or stored RUNNING (4); a start that fails
+after a stop does not keep the stop from its end (5); a host is gone by its incarnation: a watch
+error is not a death (6), a restarted host is (8); a host that does not answer is unknown, not
+empty (7); the lease check asks the job type's active silos (9); a stop or removal while a
+terminal status is owed does not wedge the pump (10); a resume whose save fails changes nothing
+(11); a restarted activation that cannot load leaves its steps running (12)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,12 @@ import asyncio
 import pytest
 
 from choreography_ray.core.mode import Exit, Mode
-from choreography_ray.errors import JobOperationError, StopJobError, StorageError
+from choreography_ray.errors import (
+    JobOperationError,
+    StepHostUnknownError,
+    StopJobError,
+    StorageError,
+)
 from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus
 from tests.unit.core.conftest import Activations
@@ -469,5 +478,31 @@ def test_watch__a_host_restart_seen_in_a_later_answer_restarts_only_the_steps_it
         stored = await h.stored()
         assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
         assert stored.progress.successful_steps == 2
+
+    activations.run(scenario)
+
+
+# -- item 7: a host that does not answer is unknown ------------------------------------------------
+
+
+def test_resume__a_host_that_does_not_answer_fails_it_and_lifts_the_fence(
+    activations: Activations,
+) -> None:
+    """A resume whose fenced read finds a host that does not answer fails (its steps are
+    unknown, not none) and lifts the fence of the hosts that did answer; asked again, it
+    resumes."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        await h.c.start()
+        await h.c.stop()
+        h.hosts.running_errors = 1
+        with pytest.raises(StepHostUnknownError):
+            await h.c.resume()
+        assert h.hosts.fenced == {}, "the fence is lifted"
+        assert (await h.stored()).status is JobStatus.STOPPED
+
+        await h.c.resume()
+        assert (await h.stored()).status is JobStatus.RUNNING
 
     activations.run(scenario)
