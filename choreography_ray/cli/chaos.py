@@ -106,7 +106,9 @@ def chaos(
         str,
         typer.Option(
             "--profile",
-            help="ci: small jobs, 1-2 faults; soak: bigger jobs, up to 4 faults.",
+            help="ci: small jobs, 1-2 faults; soak: bigger jobs, up to 4 faults; tier: ci's "
+            "jobs, 3-4 faults; activation: soak's, with job actors killed during stops, "
+            "removals, or with their hosts.",
         ),
     ] = "soak",
     json_file: Annotated[

@@ -89,6 +89,16 @@ _COMMON = {
     "op_retry_failed": 1.5,
 }
 
+#: Faults that are two faults at once, aimed at one job (drawn only by the `activation`
+#: profile, so that every other profile's seeds keep their plans).
+COMBINED = {
+    # The job actor dies while the stopped (or removed) job's steps wind down.
+    "stop_then_kill_job_actor": ("op_stop", "kill_job_actor"),
+    "remove_then_kill_job_actor": ("op_remove", "kill_job_actor"),
+    # The job actor dies with one of the job's step hosts.
+    "kill_job_actor_and_host": ("kill_job_actor", "kill_host_sigkill"),
+}
+
 PROFILES = {
     # CI: about 20-30 s a run on two cores, most of it Ray starting.
     "ci": Profile(
@@ -126,6 +136,24 @@ PROFILES = {
         # A lock held past 8 s refuses writes, not past 30: the same fault, 22 s sooner (and
         # still longer than any `storage_lock`, whose writes wait).
         sqlite_busy_seconds=8.0,
+    ),
+    # The soak's runs, with a job actor killed during a stop, a removal, or with its host
+    # (issue 23): what a restarted activation must carry on from.
+    "activation": Profile(
+        name="activation",
+        jobs=(1, 3),
+        steps=(300, 2000),
+        faults=(1, 4),
+        job_seconds=(4.0, 12.0),
+        weights={
+            **_COMMON,
+            "storage_lock_refuse": 0.5,
+            "stop_then_kill_job_actor": 3.0,
+            "remove_then_kill_job_actor": 1.5,
+            "kill_job_actor_and_host": 2.0,
+        },
+        settle_timeout=150.0,
+        deadline=480,
     ),
 }
 
@@ -271,7 +299,9 @@ def plan_run(seed: int, profile: str = "ci") -> RunPlan:
             # A stop first, and the resume once the stop is final.
             faults.append(FaultPlan("op_stop", job, at, 0.0, rng.random()))
             at = 1.0
-        faults.append(FaultPlan(kind, job, at, round(rng.uniform(2.0, 6.0), 2), rng.random()))
+        seconds, pick = round(rng.uniform(2.0, 6.0), 2), rng.random()
+        parts = COMBINED.get(kind, (kind,))
+        faults.extend(FaultPlan(part, job, at, seconds, pick) for part in parts)
     faults.sort(key=lambda f: f.at)
     leases = rng.random() < 0.5
     attempts = rng.choice([1, 2, 3])
