@@ -52,7 +52,7 @@ from choreography_ray.core.planning import (
     to_start,
 )
 from choreography_ray.core.resuming import Recover, Resume
-from choreography_ray.core.retries import STANDARD, RetrySchedule, decide
+from choreography_ray.core.retries import STANDARD, decide
 from choreography_ray.core.stages import (
     Stages,
     after_stage,
@@ -69,7 +69,7 @@ from choreography_ray.core.watchdog import (
     stage_done_in_storage,
     stored_outcome,
 )
-from choreography_ray.core.window import Window
+from choreography_ray.core.window import RUNNING, RunState, Window
 from choreography_ray.errors import (
     CannotResumeJobError,
     ChoreographyError,
@@ -123,7 +123,6 @@ class JobCore:
         self.stages = Stages([])
         self.window = Window(options)
         self.counting = Counting()
-        self.retries = RetrySchedule()
         self.hook_backoff = HookBackoff()
         #: This activation drives the job: it may start steps (set by start and resume).
         self.live = False
@@ -142,8 +141,6 @@ class JobCore:
         self._dedicated: dict[str, bool] = {}  # step type path -> dedicated
         #: Per host, the incarnation this activation watches (the last one that answered).
         self._incarnations: dict[str, str | None] = {}
-        #: Active steps whose host's process is known to be gone (leases on).
-        self._lost_owner: set[str] = set()
         self._timers = Timers(self._kick)
         #: A terminal status decided (hooks ran) but not saved yet: saved before anything else.
         self._owed: tuple[JobStatus, str | None, str | None] | None = None
@@ -501,11 +498,11 @@ class JobCore:
         starts, cannot = self._startable(starts)
         if cannot:
             await self._cannot_start(cannot)
-        self.window.pending.extend(starts)
+        self.window.queue(starts)
         if first_run:
             self._first_stage_failed = len(cannot)
             return await self._fill()
-        if not starts and not self.window.active and counter.is_completed:
+        if not starts and not self.window.in_flight() and counter.is_completed:
             await self._stage_done(stage)
         return []
 
@@ -533,7 +530,7 @@ class JobCore:
             if host is not None:
                 start = StepStart(row.step_id, row.type, row.stage, max(1, row.attempt),
                                   row.request_json)  # fmt: skip
-                self.window.active[row.step_id] = (start, host)
+                self.window.adopt(start, host)
                 self._watch(host, None)
             else:
                 rest.append(to_start(row))
@@ -542,7 +539,7 @@ class JobCore:
     async def _refill(self) -> None:
         """The running stage's next page of steps from storage, once few wait to start."""
         feed = self.feed
-        if feed is None or feed.done or len(self.window.pending) >= self._page:
+        if feed is None or feed.done or self.window.count(RunState.QUEUED) >= self._page:
             return
         if feed.stage != self._state.stage:
             return
@@ -551,7 +548,7 @@ class JobCore:
             limit=self._page,
         )  # fmt: skip
         starts, cannot = self._startable(feed.take(page, self._page))
-        self.window.pending.extend(starts)
+        self.window.queue(starts)
         if cannot:
             await self._cannot_start(cannot)
 
@@ -569,7 +566,7 @@ class JobCore:
                 limit=self._page,
             )  # fmt: skip
             for start in feed.take(page, self._page):
-                if start.step_id in self.window.active:
+                if start.step_id in self.window.runs:
                     continue
                 read += 1
                 if self.counting.count_stop(start.step_id):
@@ -694,11 +691,9 @@ class JobCore:
         if self._timers.due("admission") and self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)
         self._timers.due("retries")  # re-armed below for the next one
-        due = self.retries.take_due()
-        if due:
-            self.window.retry(due)
-        if self.retries.pending:
-            self._timers.arm("retries", self.retries.next_due_in() or 0.0)
+        self.window.retry_due()
+        if (due_in := self.window.next_due_in()) is not None:
+            self._timers.arm("retries", due_in)
         await self._fill()
         if self.state.status is JobStatus.RUNNING:
             await self._check_stage()
@@ -751,14 +746,14 @@ class JobCore:
         try:
             await self._store_outcomes(outcomes)
         except Exception:
-            self.window.requeue(start for start, _why in failures)
+            self.window.queue((start for start, _why in failures), front=True)
             raise
+        # Its attempt ended here: out of the table (a retry's too, else a stop after a
+        # RetryFailedSteps would count it failed once more).
+        self.window.forget(start.step_id for start, _why in failures)
         for (start, why), outcome in zip(failures, outcomes, strict=True):
             log.warning("job %s: step %s cannot start: %s", self.job_id, start.step_id, why,
                         extra=ids(self.job_id, start.step_id))  # fmt: skip
-            # Its attempt ended here: no longer a retry waiting for a host (else a stop after
-            # a RetryFailedSteps would count it failed once more).
-            self.window.retrying.discard(start.step_id)
             self._settle(start, outcome)
 
     async def _store_outcomes(self, outcomes: list[Outcome]) -> None:
@@ -791,7 +786,6 @@ class JobCore:
     def _send(self, host: str, batch: list[StepStart]) -> asyncio.Future[bool]:
         """The start operation as a command: its answer comes back as a turn."""
         self.window.started(batch, host)
-        self._lost_owner.difference_update(start.step_id for start in batch)  # a new owner
         labels = self._labels
         self.metrics.observe(Histogram.BATCH_SIZE, len(batch), labels, BatchKind.START)
         answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -842,7 +836,7 @@ class JobCore:
             else:
                 await self._stop_failed_starts()
             return
-        if not self.window.start_failed:
+        if not self.window.count(RunState.START_FAILED):
             self._timers.clear("starts")
         self.tally.started += len(batch)
         self._watch(host, incarnation)
@@ -854,7 +848,7 @@ class JobCore:
         """A stopping job's starts that threw (the stop came first): a step a host has all the
         same is active again and told to stop, a step whose outcome storage holds counts it,
         and the others never ran: they count as the stop counts a step that never started."""
-        failed = {start.step_id: start for start in self.window.start_failed}
+        failed = {start.step_id: start for start in self.window.failed_starts()}
         on_hosts = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
         unsure = [step_id for step_id in failed if step_id not in on_hosts]
         records = await self.storage.get_steps(self.job_id, unsure) if unsure else {}
@@ -863,15 +857,13 @@ class JobCore:
             for step_id in unsure
             if (outcome := stored_outcome(failed[step_id], records.get(step_id))) is not None
         }
-        self.window.start_failed = [s for s in failed.values() if s.step_id not in on_hosts
-                                    and s.step_id not in outcomes]  # fmt: skip
         for step_id, host in on_hosts.items():
             if step_id in failed:
-                self.window.active[step_id] = (failed[step_id], host)
+                self.window.adopt(failed[step_id], host)
         for step_id, outcome in outcomes.items():
-            self.window.active[step_id] = (failed[step_id], "")
+            self.window.adopt(failed[step_id], "")
             self.accept(outcome)
-        halted = stopping.halt(self.window, self.retries, self.stages, self.counting)
+        halted = stopping.halt(self.window, self.stages, self.counting)
         self.tally.failed += halted.failed
         self.tally.stopped += halted.stopped
         self._dirty = True
@@ -886,26 +878,25 @@ class JobCore:
         may or may not have been executed"): a step whose outcome storage holds counts it; a
         step a host still has goes back to that host, which skips it when it runs that attempt
         and refuses it while it lets an earlier one go; the others start again anywhere."""
-        failed = {start.step_id: start for start in self.window.start_failed}
+        failed = {start.step_id: start for start in self.window.failed_starts()}
         if not failed:
             return
         on_hosts = await self.hosts.running(self.job_id)  # before storage: see _adopt_stage
         unsure = [step_id for step_id in failed if step_id not in on_hosts]
         records = await self.storage.get_steps(self.job_id, unsure) if unsure else {}
-        self.window.start_failed.clear()
         back: dict[str, list[StepStart]] = defaultdict(list)
         again: list[StepStart] = []
         for step_id, start in failed.items():
             if step_id in on_hosts:
                 back[on_hosts[step_id]].append(start)
             elif (outcome := stored_outcome(start, records.get(step_id))) is not None:
-                self.window.active[step_id] = (start, "")
+                self.window.adopt(start, "")
                 self.accept(outcome)
             else:
                 again.append(start)
         for host, batch in back.items():
             self._send(host, batch)
-        self.window.requeue(again)
+        self.window.queue(again, front=True)
 
     def _watch(self, host: str, incarnation: str | None) -> None:
         """Learns that this incarnation of a host is gone (it died, or restarted) from its
@@ -947,9 +938,8 @@ class JobCore:
         them STOPPED; a running one starts them again (leases off) or leaves them to the lease
         (on). Steps whose start is unanswered wait for their answer."""
         stage = self._state.stage
-        lost_ids = {
-            s.step_id for s in self.window.on_host(host) if s.step_id not in self.window.starting
-        }
+        lost_ids = {s.step_id for s in self.window.on_host(host)
+                    if self.window.state_of(s.step_id) in RUNNING}  # fmt: skip
         await self._settle_stored({k: v for k, v in self._settleable(stage).items()
                                    if k in lost_ids})  # fmt: skip
         lost = [s for s in self.window.on_host(host) if s.step_id in lost_ids]
@@ -959,11 +949,11 @@ class JobCore:
         elif lost and self.options.lease_seconds is None:
             log.warning("job %s: host %s died with %d steps; starting them again", self.job_id,
                         host, len(lost))  # fmt: skip
-            self.window.requeue(lost)
+            self.window.queue(lost, front=True)
         elif lost:
             # With leases the lease decides; that this host's process is gone is known now,
             # whatever Ray's state API can tell later.
-            self._lost_owner.update(start.step_id for start in lost)
+            self.window.lose_owner(start.step_id for start in lost)
 
     async def _check_stage(self) -> None:
         stage = self._state.stage
@@ -979,10 +969,8 @@ class JobCore:
 
     def _idle(self) -> bool:
         """No step of the running stage is active, waiting to start, or waiting to retry."""
-        window = self.window
         return (
-            not window.active and not window.pending and not window.start_failed
-            and not self.retries.pending and self.awaiting_admission is None
+            not self.window.runs and self.awaiting_admission is None
             and self._state.stage in self.stages.counters and self._fed()
         )  # fmt: skip
 
@@ -1006,7 +994,7 @@ class JobCore:
             )
             for outcome in outcomes:
                 self.accept(outcome)
-            finished = self.live or bool(self.window.active)
+            finished = self.live or bool(self.window.in_flight())
             if not finished:
                 finished = await self._finish_stop_when_reported()
             if not finished and self._state.status is JobStatus.REMOVING:
@@ -1022,7 +1010,6 @@ class JobCore:
         if entry is None:
             return False
         start, host = entry
-        self._lost_owner.discard(start.step_id)
         if self._dedicated_type(start.type):
             self.hosts.release(host)
         return self._settle(start, outcome)
@@ -1045,15 +1032,15 @@ class JobCore:
                 # Stopped though the job runs (a stop of an earlier execution reached it after
                 # a resume): it counts as stopped until it runs again, now, as its next
                 # attempt, so the same report delivered again cannot pass for the new run's.
-                self.window.requeue([start._replace(attempt=start.attempt + 1)], front=False)
+                self.window.queue([start._replace(attempt=start.attempt + 1)])
             return True
         if self.counting.is_counted(step_id):
             return False
         if outcome.status in FAILED_STEP:
             decision = decide(self._job, self.options, outcome)
             if decision.retry and self.live:
-                self.retries.schedule(start, decision.delay)
-                self._timers.arm("retries", self.retries.next_due_in() or 0.0)
+                self.window.wait_retry(start, decision.delay)
+                self._timers.arm("retries", self.window.next_due_in() or 0.0)
                 self.tally.retried += 1
                 return True
             counter.failed += 1
@@ -1095,7 +1082,7 @@ class JobCore:
                 except Exception as error:
                     raise JobOperationError(RemoveJobError.UNKNOWN, str(error)) from error
             if self._state.status is JobStatus.REMOVING:
-                if self.window.active:
+                if self.window.in_flight():
                     raise JobOperationError(RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED)
                 finished = await self._finish_stop()
                 raise JobOperationError(
@@ -1115,8 +1102,8 @@ class JobCore:
         self._stopped_hook_ran = False
         if self.state is not None and self.stages.counters.get(self.state.stage):
             # Steps a resume read and the resume hook has not started yet never started.
-            self.window.pending.extend(self._plan.pop(self.state.stage, []))
-        failed, stopped = stopping.halt(self.window, self.retries, self.stages, self.counting)
+            self.window.queue(self._plan.pop(self.state.stage, []))
+        failed, stopped = stopping.halt(self.window, self.stages, self.counting)
         self.tally.failed += failed
         self.tally.stopped += stopped
         self._dirty = True
@@ -1149,7 +1136,7 @@ class JobCore:
         if stage in self.stages.counters:
             # Running steps whose stop an earlier execution counted stay counted: their stop
             # report is then a duplicate. Every step read here is counted stopped now.
-            active = sum(s in self.counting.stopped for s in self.window.active)
+            active = sum(s in self.counting.stopped for s in self.window.active())
             self.stages[stage].stopped = len(not_running) + read + active
         self._dirty = True
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
@@ -1157,7 +1144,7 @@ class JobCore:
 
     async def _finish_stop_when_reported(self) -> bool:
         """Finishes the stop once every step has reported; False when finishing failed."""
-        if self.window.active or self.state is None or not stopping.stop_owed(self.state):
+        if self.window.in_flight() or self.state is None or not stopping.stop_owed(self.state):
             return True
         if self._removed:
             return True
@@ -1169,7 +1156,7 @@ class JobCore:
         removing = self._state.status is JobStatus.REMOVING
         try:
             await self._sweep_stop()
-            if self.window.active:
+            if self.window.in_flight():
                 return True  # their reports finish it
             await self._save()
             if not self._stopped_hook_ran:
@@ -1204,18 +1191,18 @@ class JobCore:
             await self._settle_stored(self._settleable(stage))
         lost = [
             start
-            for step_id, (start, _host) in self.window.active.items()
-            if step_id not in host_of and step_id not in self.window.starting
+            for step_id, (start, _host) in self.window.active(*RUNNING).items()
+            if step_id not in host_of
         ]
         lost += [
             StepStart(row.step_id, row.type, row.stage, row.attempt, row.request_json)
             for row in rows
-            if row.step_id not in host_of and row.step_id not in self.window.active
+            if row.step_id not in host_of and not self.window.is_in_flight(row.step_id)
         ]
         if lost:
             await self._store_stops(lost)
         before = self.window.hosts()
-        self._adopt([row for row in rows if row.step_id not in self.window.active], host_of)
+        self._adopt([row for row in rows if not self.window.is_in_flight(row.step_id)], host_of)
         if told := self.window.hosts() - before:
             await self.hosts.cancel(told, self.job_id, self._state.status is JobStatus.REMOVING)
 
@@ -1223,7 +1210,8 @@ class JobCore:
         """Steps of a stopping job that will never report their stop (their host is gone):
         stored STOPPED here, as their host would have, then counted."""
         for start in starts:
-            self.window.active.setdefault(start.step_id, (start, ""))
+            if not self.window.is_in_flight(start.step_id):
+                self.window.adopt(start, "")
         stops = [Outcome(s.step_id, s.attempt, StepStatus.STOPPED) for s in starts]
         await self._store_outcomes(stops)
         for outcome in stops:
@@ -1292,7 +1280,6 @@ class JobCore:
             self.state, self.stages, self.counting = state, stages, counting
             raise
         self.window.clear()
-        self.retries.drain()
         # Steps still running on a live host are this activation's again before the hook runs:
         # their reports count (the fence kept their outcomes out of the recount), and a stop
         # while the hook is owed reaches them.
@@ -1374,7 +1361,7 @@ class JobCore:
             # They are the whole stage now: nothing is read from storage (where they are
             # SCHEDULED again) on top of them.
             self.feed = None
-            self.window.pending.extend(failed)
+            self.window.queue(failed)
             self._kick()
             return len(failed)
 
@@ -1404,7 +1391,7 @@ class JobCore:
         if stopping.stop_owed(state) and not self.live:
             # A stop is final once every step reported it: lost reports are settled here too,
             # and a finish that failed waits for its own timer.
-            if self.window.active:
+            if self.window.in_flight():
                 await self._sweep_stop()
                 if not self._timers.armed("finish"):
                     await self._finish_stop_when_reported()
@@ -1441,11 +1428,10 @@ class JobCore:
                 stage,
                 self._settleable(stage),
                 lease,
-                self._lost_owner,
+                self.window.active(RunState.OWNER_LOST).keys(),
             )
-            self._lost_owner.difference_update(start.step_id for start in stale)
             self.tally.restarted_by_lease += len(stale)
-            self.window.requeue(stale)
+            self.window.queue(stale, front=True)
         if self.awaiting_admission is not None:
             await self._begin_stage(self.awaiting_admission)
         elif self._idle():
@@ -1463,8 +1449,8 @@ class JobCore:
         operation is unanswered has nothing stored yet)."""
         return {
             step_id: entry
-            for step_id, entry in self.window.active.items()
-            if entry[0].stage == stage and step_id not in self.window.starting
+            for step_id, entry in self.window.active(*RUNNING).items()
+            if entry[0].stage == stage
         }
 
     async def _settle_stored(self, active: dict[str, tuple[StepStart, str]]) -> None:
@@ -1478,14 +1464,14 @@ class JobCore:
     async def _restart_orphans(self, stage: int) -> None:
         """Nothing runs here, yet storage holds unfinished steps of the stage (an answer or a
         report was lost across a reactivation): those running nowhere start again."""
-        self.window.pending.extend(await self._adopt_stage(stage))
+        self.window.queue(await self._adopt_stage(stage))
         await self._refill()
-        if self.window.pending:
+        if self.window.count(RunState.QUEUED):
             log.warning(
                 "job %s: unfinished steps of stage %s run nowhere; starting them (%d read so far)",
                 self.job_id,
                 stage,
-                len(self.window.pending),
+                self.window.count(RunState.QUEUED),
             )
 
     # -- persistence --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Step retries: the decision and the schedule.
+"""Step retries: the decision (the schedule is the step runs' RETRY_WAIT, `window.py`).
 
 `Backoff` (in `backoff.py`, re-exported here) is the one helper behind every retry loop.
 
@@ -10,13 +10,12 @@ attempts as failed.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from choreography_ray.core.backoff import STANDARD as STANDARD
 from choreography_ray.core.backoff import Backoff as Backoff
-from choreography_ray.core.messages import Outcome, StepStart
+from choreography_ray.core.messages import Outcome
 from choreography_ray.job import Job
 from choreography_ray.options import JobsOptions
 from choreography_ray.step import StepResult
@@ -37,33 +36,3 @@ def decide(job: Job[Any], options: JobsOptions, outcome: Outcome) -> RetryDecisi
     if not job.should_retry_step(outcome.step_id, result, outcome.attempt):
         return RetryDecision(retry=False)
     return RetryDecision(True, job.get_step_retry_delay(outcome.attempt).total_seconds())
-
-
-class RetrySchedule:
-    def __init__(self) -> None:
-        #: step id -> (monotonic due time, the next attempt)
-        self.pending: dict[str, tuple[float, StepStart]] = {}
-
-    def schedule(self, failed: StepStart, delay: float) -> None:
-        self.pending[failed.step_id] = (
-            time.monotonic() + delay,
-            failed._replace(attempt=failed.attempt + 1),
-        )
-
-    def take_due(self) -> list[StepStart]:
-        now = time.monotonic()
-        due = [start for at, start in self.pending.values() if at <= now]
-        for start in due:
-            del self.pending[start.step_id]
-        return due
-
-    def next_due_in(self) -> float | None:
-        if not self.pending:
-            return None
-        return max(0.0, min(at for at, _ in self.pending.values()) - time.monotonic())
-
-    def drain(self) -> list[StepStart]:
-        """Every pending attempt, removed (a stop counts them as failed)."""
-        starts = [start for _, start in self.pending.values()]
-        self.pending.clear()
-        return starts

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from choreography_ray.core.counting import Counting
-from choreography_ray.core.retries import RetrySchedule
 from choreography_ray.core.stages import Stages
 from choreography_ray.core.window import Window
 from choreography_ray.errors import JobOperationError, StopJobError
@@ -34,17 +33,13 @@ class Halted(NamedTuple):
     stopped: int
 
 
-def halt(window: Window, retries: RetrySchedule, stages: Stages, counting: Counting) -> Halted:
+def halt(window: Window, stages: Stages, counting: Counting) -> Halted:
     """Counts pending attempts (waiting for their delay, or due and waiting to start) as
     failed and never-started steps as stopped."""
-    retrying = set(window.retrying)
     failed = stopped = 0
-    for start in retries.drain():
-        stages[start.stage].failed += 1
-        counting.count_outcome(start.step_id)
-        failed += 1
-    for start in window.never_started():
-        if start.step_id in retrying:
+    for run in window.never_started():
+        start = run.start
+        if run.retry:
             stages[start.stage].failed += 1
             counting.count_outcome(start.step_id)
             failed += 1

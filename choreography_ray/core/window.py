@@ -1,4 +1,19 @@
-"""The active window and the start throttle: which steps start, on which host, and when.
+"""The job's step runs, the active window and the start throttle: which steps start, on which
+host, and when.
+
+Every step the activation holds is one row of one table (`Window.runs`, keyed by step id), in
+exactly one state:
+
+    QUEUED        waits for the window and the throttle, in order
+    STARTING      taken for a start operation not answered yet (it counts against both)
+    ACTIVE        its host took it, or it was found running there: it reports its outcome
+    OWNER_LOST    ACTIVE on a host whose process the job saw go (leases on: the lease decides)
+    START_FAILED  its start operation threw: it starts again after a delay, or a stop counts it
+    RETRY_WAIT    its next attempt waits for the retry delay (a stop counts it failed)
+
+A step leaves the table when its outcome counts (`take`), when a stop counts it as never started
+(`never_started`), or when the activation forgets its runs for a resume (`clear`). A run whose
+attempt is a retry no host has taken yet carries `retry` (a stop counts it failed, not stopped).
 
 The job hands steps of the running stage to step hosts in batches (one start operation = one
 RPC of at most `step_batch_size` steps). Never more than the window (`max_active_steps_per_job`
@@ -9,30 +24,61 @@ RPCs, so it bounds the load a burst of starts puts on storage and hosts whatever
 
 from __future__ import annotations
 
+import enum
+import heapq
+import itertools
 import math
-from collections import deque
-from collections.abc import Iterable
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from choreography_ray.core.messages import StepStart
 from choreography_ray.options import JobsOptions, window_size
 
 
+class RunState(enum.StrEnum):
+    QUEUED = "Queued"
+    STARTING = "Starting"
+    ACTIVE = "Active"
+    OWNER_LOST = "OwnerLost"
+    START_FAILED = "StartFailed"
+    RETRY_WAIT = "RetryWait"
+
+
+#: The states in which a step occupies the window (it runs, or is being started).
+IN_FLIGHT = (RunState.STARTING, RunState.ACTIVE, RunState.OWNER_LOST)
+#: The states in which a step runs on its host as far as the job knows: its outcome may be
+#: stored (a step being started has nothing stored yet).
+RUNNING = (RunState.ACTIVE, RunState.OWNER_LOST)
+#: The states a stop counts (as stopped, or failed for a retry): the step never started.
+WAITING = (RunState.QUEUED, RunState.START_FAILED, RunState.RETRY_WAIT)
+
+
+@dataclass(slots=True)
+class StepRun:
+    start: StepStart
+    state: RunState
+    #: The host it was handed to (STARTING, ACTIVE; "" when not known).
+    host: str = ""
+    #: Its attempt is a retry no host has taken yet.
+    retry: bool = False
+    #: RETRY_WAIT: the monotonic time its attempt is due.
+    due: float = 0.0
+
+
 @dataclass(slots=True)
 class Window:
     options: JobsOptions
     size: float = math.inf
-    #: Steps of the running stage waiting to start, in order.
-    pending: deque[StepStart] = field(default_factory=deque)
-    #: Steps started (or being started) in this activation: step id -> (start, host).
-    active: dict[str, tuple[StepStart, str]] = field(default_factory=dict)
-    #: Steps whose start operation threw: they start again after a delay or on the next tick.
-    start_failed: list[StepStart] = field(default_factory=list)
-    #: Steps in start operations not yet answered.
-    starting: set[str] = field(default_factory=set)
-    #: Steps whose next attempt is a retry not yet taken by a host: pending, in an unanswered
-    #: start operation, or whose start threw (a stop counts those that never ran as failed).
-    retrying: set[str] = field(default_factory=set)
+    #: The step runs, by step id.
+    runs: dict[str, StepRun] = field(default_factory=dict)
+    #: QUEUED runs in start order; a run that left QUEUED since is skipped when reached.
+    _queue: deque[StepRun] = field(default_factory=deque)
+    #: RETRY_WAIT runs by due time; a run that left RETRY_WAIT since is skipped when reached.
+    _due: list[tuple[float, int, StepRun]] = field(default_factory=list)
+    _count: Counter[RunState] = field(default_factory=Counter)
+    _ticket: Iterator[int] = field(default_factory=itertools.count)
 
     def configure(self, configured: int | None) -> None:
         """The job type's `max_active_steps`, else the option; None is no window."""
@@ -41,75 +87,172 @@ class Window:
         size = window_size(configured)
         self.size = math.inf if size is None else size
 
+    # -- the table ----------------------------------------------------------------------------
+
+    def _put(
+        self, start: StepStart, state: RunState, host: str = "", retry: bool = False
+    ) -> StepRun:
+        self._drop(start.step_id)
+        run = self.runs[start.step_id] = StepRun(start, state, host, retry)
+        self._count[state] += 1
+        if state is RunState.QUEUED:
+            self._queue.append(run)
+        return run
+
+    def _drop(self, step_id: str) -> StepRun | None:
+        run = self.runs.pop(step_id, None)
+        if run is not None:
+            self._count[run.state] -= 1
+        return run
+
+    def _move(self, run: StepRun, state: RunState) -> None:
+        self._count[run.state] -= 1
+        self._count[state] += 1
+        run.state = state
+
+    def state_of(self, step_id: str) -> RunState | None:
+        run = self.runs.get(step_id)
+        return None if run is None else run.state
+
+    def count(self, *states: RunState) -> int:
+        return sum(self._count[state] for state in states)
+
+    def in_flight(self) -> int:
+        """Steps running or being started: what the window holds."""
+        return self.count(*IN_FLIGHT)
+
+    def is_in_flight(self, step_id: str) -> bool:
+        return self.state_of(step_id) in IN_FLIGHT
+
+    def active(self, *states: RunState) -> dict[str, tuple[StepStart, str]]:
+        """Step id -> (start, host) of the runs in `states` (default: in flight)."""
+        states = states or IN_FLIGHT
+        return {i: (run.start, run.host) for i, run in self.runs.items() if run.state in states}
+
+    def on_host(self, host: str) -> list[StepStart]:
+        return [run.start for run in self.runs.values()
+                if run.state in IN_FLIGHT and run.host == host]  # fmt: skip
+
+    def hosts(self) -> set[str]:
+        return {run.host for run in self.runs.values() if run.state in IN_FLIGHT}
+
+    def failed_starts(self) -> list[StepStart]:
+        return [run.start for run in self.runs.values() if run.state is RunState.START_FAILED]
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the next retry is due (None: none waits)."""
+        self._skip_stale_due()
+        return max(0.0, self._due[0][0] - time.monotonic()) if self._due else None
+
+    def _skip_stale_due(self) -> None:
+        while self._due and not self._is_current(self._due[0][2], RunState.RETRY_WAIT):
+            heapq.heappop(self._due)
+
+    def _is_current(self, run: StepRun, state: RunState) -> bool:
+        return self.runs.get(run.start.step_id) is run and run.state is state
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def queue(self, starts: Iterable[StepStart], front: bool = False) -> None:
+        """The steps wait to start (at the front of the line: before those waiting already).
+        A step already in the table keeps its `retry`."""
+        starts = list(starts)
+        for start in starts:
+            old = self.runs.get(start.step_id)
+            self._put(start, RunState.QUEUED, retry=old is not None and old.retry)
+        if front:
+            # The new rows are the last len(starts) of the queue: move them to its front.
+            moved = [self._queue.pop() for _ in starts]
+            self._queue.extendleft(moved)
+
+    def wait_retry(self, failed: StepStart, delay: float) -> None:
+        """The failed step's next attempt, due in `delay` seconds: RETRY_WAIT."""
+        run = self._put(failed._replace(attempt=failed.attempt + 1), RunState.RETRY_WAIT,
+                        retry=True)  # fmt: skip
+        run.due = time.monotonic() + delay
+        heapq.heappush(self._due, (run.due, next(self._ticket), run))
+
+    def retry_due(self) -> None:
+        """Retries whose delay is over wait first in line (QUEUED at the front)."""
+        now = time.monotonic()
+        due: list[StepStart] = []
+        while True:
+            self._skip_stale_due()
+            if not self._due or self._due[0][0] > now:
+                break
+            due.append(heapq.heappop(self._due)[2].start)
+        self.queue(due, front=True)
+
+    def lose_owner(self, step_ids: Iterable[str]) -> None:
+        """ACTIVE steps whose host's process is gone (leases on): OWNER_LOST."""
+        for step_id in step_ids:
+            run = self.runs.get(step_id)
+            if run is not None and run.state is RunState.ACTIVE:
+                self._move(run, RunState.OWNER_LOST)
+
     def next_batch(self) -> list[StepStart]:
-        """The next steps to start, as the window and the throttle allow (empty: none now)."""
+        """The next steps to start, as the window and the throttle allow (empty: none now):
+        STARTING from now on, on no host yet (`started` names it)."""
         room = min(
-            self.size - len(self.active),
-            self.options.effective_max_concurrent_step_starts - len(self.starting),
+            self.size - self.in_flight(),
+            self.options.effective_max_concurrent_step_starts - self.count(RunState.STARTING),
             self.options.step_batch_size,
         )
         batch: list[StepStart] = []
-        while self.pending and len(batch) < room:
-            batch.append(self.pending.popleft())
+        while self._queue and len(batch) < room:
+            run = self._queue.popleft()
+            if self._is_current(run, RunState.QUEUED):
+                self._move(run, RunState.STARTING)
+                batch.append(run.start)
         return batch
 
     def started(self, batch: Iterable[StepStart], host: str) -> None:
-        """The batch is active on `host` and counts against the throttle until answered."""
+        """The batch is STARTING on `host` and counts against the throttle until answered."""
         for start in batch:
-            self.active[start.step_id] = (start, host)
-            self.starting.add(start.step_id)
+            run = self.runs.get(start.step_id)
+            retry = run is not None and run.retry
+            self._put(start, RunState.STARTING, host, retry)
 
-    def answered(self, batch: list[StepStart], ok: bool) -> list[StepStart]:
-        """A start operation came back; when it threw, its steps still active at the same
-        attempt wait to start again. Returns those."""
-        self.starting.difference_update(s.step_id for s in batch)
-        if ok:
-            # A host took the retry: from now on the attempt reports its own outcome.
-            self.retrying.difference_update(s.step_id for s in batch)
-            return []
-        failed = [s for s in batch if self.active.get(s.step_id, (None,))[0] == s]
-        for start in failed:
-            del self.active[start.step_id]
-        self.start_failed.extend(failed)
-        return failed
+    def answered(self, batch: list[StepStart], ok: bool) -> None:
+        """A start operation came back: its steps still STARTING at the same attempt are
+        ACTIVE (a host took a retry: the attempt reports its own outcome from now on), or,
+        when it threw, START_FAILED."""
+        for start in batch:
+            run = self.runs.get(start.step_id)
+            if run is None or run.state is not RunState.STARTING or run.start != start:
+                continue
+            if ok:
+                self._move(run, RunState.ACTIVE)
+                run.retry = False
+            else:
+                self._move(run, RunState.START_FAILED)
+
+    def adopt(self, start: StepStart, host: str) -> None:
+        """The step runs on `host` (found there, or its outcome is stored): ACTIVE."""
+        self._put(start, RunState.ACTIVE, host)
 
     def take(self, step_id: str, attempt: int) -> tuple[StepStart, str] | None:
-        """The active step at that attempt, no longer active; None when it is not."""
-        entry = self.active.get(step_id)
-        if entry is None or entry[0].attempt != attempt:
+        """The step in flight at that attempt, out of the table; None when it is not."""
+        run = self.runs.get(step_id)
+        if run is None or run.state not in IN_FLIGHT or run.start.attempt != attempt:
             return None
-        return self.active.pop(step_id)
+        self._drop(step_id)
+        return run.start, run.host
 
-    def requeue(self, starts: Iterable[StepStart], front: bool = True) -> None:
-        starts = list(starts)
-        for start in starts:
-            self.active.pop(start.step_id, None)
-        if front:
-            self.pending.extendleft(reversed(starts))
-        else:
-            self.pending.extend(starts)
+    def forget(self, step_ids: Iterable[str]) -> None:
+        for step_id in step_ids:
+            self._drop(step_id)
 
-    def retry(self, due: list[StepStart]) -> None:
-        """Due retries wait first in line."""
-        self.retrying.update(start.step_id for start in due)
-        self.requeue(due)
-
-    def on_host(self, host: str) -> list[StepStart]:
-        return [start for start, h in self.active.values() if h == host]
-
-    def hosts(self) -> set[str]:
-        return {host for _, host in self.active.values()}
-
-    def never_started(self) -> list[StepStart]:
-        """Pending and failed-to-start steps, removed (a stop counts them as stopped)."""
-        steps = [*self.pending, *self.start_failed]
-        self.pending.clear()
-        self.start_failed.clear()
-        self.retrying.clear()
-        return steps
+    def never_started(self) -> list[StepRun]:
+        """QUEUED, START_FAILED and RETRY_WAIT runs, out of the table (a stop counts them)."""
+        left = [run for run in self.runs.values() if run.state in WAITING]
+        self.forget(run.start.step_id for run in left)
+        self._queue.clear()
+        self._due.clear()
+        return left
 
     def clear(self) -> None:
-        self.retrying.clear()
-        self.pending.clear()
-        self.active.clear()
-        self.start_failed.clear()
+        self.runs.clear()
+        self._queue.clear()
+        self._due.clear()
+        self._count.clear()

@@ -156,7 +156,7 @@ class JobActor:
         await self.core.watchdog_tick()
 
     async def active_steps(self) -> int:
-        return len(self.core.window.active)
+        return self.core.window.in_flight()
 
     async def unsaved(self) -> bool:
         """Whether the job counted anything its record does not show yet (tests wait for it)."""

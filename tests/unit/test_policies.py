@@ -9,8 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 import choreography_ray as cr
-from choreography_ray.core.messages import Outcome, StepStart
-from choreography_ray.core.retries import RetryDecision, RetrySchedule, decide
+from choreography_ray.core.messages import Outcome
+from choreography_ray.core.retries import RetryDecision, decide
 from choreography_ray.core.watchdog import HookBackoff
 
 pytestmark = pytest.mark.timeout(10)
@@ -115,46 +115,6 @@ def test_decide__the_job_is_not_asked_once_attempts_run_out() -> None:
 
     assert decide(job, job.options, failed(2)).retry is False
     assert job.asked == []
-
-
-# -- the schedule ---------------------------------------------------------------------------------
-
-
-def start(step_id: str, attempt: int = 1) -> StepStart:
-    return StepStart(step_id, "tests:Step", 0, attempt, '{"n": 1}')
-
-
-def test_schedule__a_retry_is_the_next_attempt_and_is_taken_once_due() -> None:
-    schedule = RetrySchedule()
-    schedule.schedule(start("a", attempt=2), 0.0)
-    schedule.schedule(start("b"), 60.0)
-
-    due = schedule.take_due()
-
-    assert due == [start("a", attempt=3)]
-    assert schedule.take_due() == []
-    assert list(schedule.pending) == ["b"]
-    next_due = schedule.next_due_in()
-    assert next_due is not None and 59.0 < next_due <= 60.0
-
-
-def test_schedule__nothing_pending_has_no_next_due_time() -> None:
-    schedule = RetrySchedule()
-
-    assert schedule.next_due_in() is None
-    assert schedule.take_due() == []
-
-
-def test_schedule__drain_returns_every_pending_attempt_for_a_stop() -> None:
-    schedule = RetrySchedule()
-    schedule.schedule(start("a"), 60.0)
-    schedule.schedule(start("b", attempt=2), 0.0)
-
-    drained = schedule.drain()
-
-    assert sorted(drained) == [start("a", attempt=2), start("b", attempt=3)]
-    assert schedule.pending == {}
-    assert schedule.next_due_in() is None
 
 
 # -- the resume-hook backoff ----------------------------------------------------------------------

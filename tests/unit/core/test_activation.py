@@ -384,7 +384,7 @@ def test_resume__a_failed_save_leaves_the_stop_waiting_for_its_running_step(
         with pytest.raises(StorageError):
             await h.c.resume()
         assert not (await h.stored()).stop_finalized
-        assert set(h.c.window.active) == {"000001"}, "the stop still waits for it"
+        assert set(h.c.window.active()) == {"000001"}, "the stop still waits for it"
         after = (h.c.stages.progress(), h.c.counting.records, set(h.c.counting.stopped))
         assert after == before, "the resume's recount and counted records are not applied"
 

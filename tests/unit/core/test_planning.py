@@ -22,6 +22,7 @@ from choreography_ray.core.planning import (
     plan_records,
     plan_source,
 )
+from choreography_ray.core.window import RunState
 from choreography_ray.errors import CannotResumeJobError, StartJobError
 from choreography_ray.job import StepSpec
 from choreography_ray.model import ResumeAfter, StageShape
@@ -145,7 +146,7 @@ async def run_to_the_end(h: Harness) -> Counter[str]:
     window's pending steps never exceed two pages."""
     for _ in range(1_000):
         await h.settle()
-        assert len(h.c.window.pending) <= 2 * feed_page(CHUNK)
+        assert h.c.window.count(RunState.QUEUED) <= 2 * feed_page(CHUNK)
         if (await h.status()).is_terminal:
             break
         await h.hosts.finish_all()
@@ -384,7 +385,7 @@ def test_feed__a_reactivation_adopts_the_running_steps_and_pages_the_rest_of_the
 
         await h.activate(reconstructed=True)  # the job actor died; its hosts did not
         await h.settle()
-        assert set(h.c.window.active) == running  # adopted, not started twice
+        assert set(h.c.window.active()) == running  # adopted, not started twice
         ran = await run_to_the_end(h)
 
         stored = await h.stored()

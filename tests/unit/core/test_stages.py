@@ -98,7 +98,7 @@ def test_pump__a_storage_error_while_checking_the_stage_is_retried_not_fatal(
         # The report is lost and refused nowhere: the stage is decided from storage, whose
         # count fails once (on purpose).
         await h.hosts.finish("000000", deliver=0)
-        h.c.window.active.clear()  # as after a reactivation that adopted nothing
+        h.c.window.clear()  # as after a reactivation that adopted nothing
         storage.fail("count_by_status", 1)
         h.c._kick()
 
@@ -200,7 +200,7 @@ def test_stage_done__a_tick_that_finds_the_stage_done_in_storage_moves_on_once(
         await h.c.start()
         await h.hosts.finish("000000", FAILED, "boom", deliver=0)
         await h.hosts.finish("000001", deliver=0)
-        h.c.window.active.clear()
+        h.c.window.clear()
 
         await asyncio.gather(h.c.watchdog_tick(), h.c.watchdog_tick())
         await h.settle()

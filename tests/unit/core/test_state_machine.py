@@ -38,6 +38,7 @@ from hypothesis.stateful import (
 
 from choreography_ray.core.messages import Outcome
 from choreography_ray.core.retries import Backoff
+from choreography_ray.core.window import RunState
 from choreography_ray.errors import JobOperationError, StartJobError, StorageError
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind
@@ -471,6 +472,19 @@ class JobMachine(RuleBasedStateMachine):
         assert calls["on_stopped:ok"] - self.stopped_before <= 1, dict(calls)
 
     @invariant()
+    def each_step_is_in_one_state_and_the_counts_agree(self) -> None:
+        """The activation's table of step runs: one row per step, its state's count kept
+        with it, and the window never over its size while the job runs."""
+        if self.h is None:
+            return
+        core = self.harness.c
+        window = core.window
+        assert all(step_id == run.start.step_id for step_id, run in window.runs.items())
+        by_state = Counter(run.state for run in window.runs.values())
+        assert all(window.count(state) == by_state[state] for state in RunState), by_state
+        assert window.in_flight() <= window.size or not core.live
+
+    @invariant()
     def no_step_runs_twice_at_once(self) -> None:
         if self.h is None:
             return
@@ -502,7 +516,7 @@ class JobMachine(RuleBasedStateMachine):
                 break
         assert self.can_move() or self.snapshot() != before, (
             f"stuck: {self.stored_status()}, stored {self.stored_by_stage()}, "
-            f"active {sorted(self.harness.c.window.active)}, "
+            f"active {sorted(self.harness.c.window.active())}, "
             f"running {sorted(self.harness.hosts.running_ids())}"
         )
 
@@ -511,15 +525,13 @@ class JobMachine(RuleBasedStateMachine):
         if status is None or status[0].is_terminal or status == SETTLED_STOP:
             return True
         core = self.harness.c
-        active = core.window.active
+        active = core.window.active()
         for run in self.harness.hosts.running_steps():
             entry = active.get(run.start.step_id)
             if entry is not None and entry[0].attempt == run.start.attempt:
                 return True
         waiting = (
-            core.window.pending
-            or core.window.start_failed
-            or core.retries.pending
+            core.window.count(RunState.QUEUED, RunState.START_FAILED, RunState.RETRY_WAIT)
             or core.awaiting_admission is not None
             or core.hook_owed
         )
@@ -532,7 +544,7 @@ class JobMachine(RuleBasedStateMachine):
             None if state is None else (state.status, state.stop_finalized, state.progress),
             self.stored_by_stage(),
             len(h.hosts.started),
-            sorted(h.c.window.active),
+            sorted(h.c.window.active()),
         )
 
 

@@ -82,7 +82,7 @@ def test_stop__a_retry_whose_start_failed_counts_as_failed_as_storage_holds_it(
         h.hosts.fail_starts = 1  # the retry's start operation throws
         await h.hosts.finish("000001", FAILED, "attempt 1")
         await h.settle()
-        assert [s.step_id for s in h.c.window.start_failed] == ["000001"]
+        assert [s.step_id for s in h.c.window.failed_starts()] == ["000001"]
 
         await h.c.stop()
         await h.settle()
@@ -230,7 +230,7 @@ def test_watchdog__every_tick_looks_for_lost_reports(activations: Activations) -
             await h.hosts.finish(step_id, deliver=0)
             await h.c.watchdog_tick()
             await h.settle()
-            assert step_id not in h.c.window.active
+            assert step_id not in h.c.window.active()
         assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
 
     activations.run(scenario)
