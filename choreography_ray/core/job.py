@@ -1113,7 +1113,23 @@ class JobCore:
             log.warning("job %s: counting its unread steps as stopped failed: %s", self.job_id,
                         error)  # fmt: skip
         await self.hosts.cancel(self.window.hosts(), self.job_id, removing)
+        try:
+            await self._stop_lost_owners()
+        except Exception as error:  # the next watchdog tick stores them
+            log.warning("job %s: storing the stop of steps whose host is gone failed: %s",
+                        self.job_id, error)  # fmt: skip
         await self._finish_stop_when_reported()
+
+    async def _stop_lost_owners(self) -> None:
+        """A stopping job's steps whose host the job saw go (leases on) never report: a step
+        whose outcome that host stored counts it, the others are stored STOPPED."""
+        lost = self.window.active(RunState.OWNER_LOST)
+        if not lost:
+            return
+        await self._settle_stored(lost)
+        await self._store_stops(
+            [start for start, _host in self.window.active(RunState.OWNER_LOST).values()]
+        )
 
     async def _tell_stop_again(self) -> None:
         """Finishes a stop left by an earlier activation: steps that never recorded their stop
@@ -1392,7 +1408,8 @@ class JobCore:
             # A stop is final once every step reported it: lost reports are settled here too,
             # and a finish that failed waits for its own timer.
             if self.window.in_flight():
-                await self._sweep_stop()
+                await self._settle_lost_reports(state.stage)
+                await self._stop_lost_owners()
                 if not self._timers.armed("finish"):
                     await self._finish_stop_when_reported()
             return

@@ -210,8 +210,10 @@ class Window:
         """The batch is STARTING on `host` and counts against the throttle until answered."""
         for start in batch:
             run = self.runs.get(start.step_id)
-            retry = run is not None and run.retry
-            self._put(start, RunState.STARTING, host, retry)
+            if run is not None and run.start is start and run.state is RunState.STARTING:
+                run.host = host  # taken by `next_batch`: the hot path
+            else:
+                self._put(start, RunState.STARTING, host, run is not None and run.retry)
 
     def answered(self, batch: list[StepStart], ok: bool) -> None:
         """A start operation came back: its steps still STARTING at the same attempt are

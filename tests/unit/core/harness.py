@@ -109,6 +109,14 @@ class Harness:
     async def settle(self) -> None:
         assert await settle(), "the activation never settles: a turn or a timer spins"
 
+    async def all_succeed(self) -> tuple[JobStatus, int]:
+        """Every running step succeeds: the stored status and successful steps once the
+        activation has settled."""
+        await self.hosts.finish_all()
+        await self.settle()
+        stored = await self.stored()
+        return stored.status, stored.progress.successful_steps
+
 
 async def create(
     job_type: type[Job[Any]],

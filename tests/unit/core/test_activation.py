@@ -310,8 +310,8 @@ def test_stop__steps_of_a_dead_host_are_stored_stopped_before_the_stop_is_final(
 ) -> None:
     """The soak's finding: step hosts killed, then a stop. Their steps are stored RUNNING by
     the dead host and run nowhere (leases off: their restart failed; on: their lease has not
-    expired yet, so they are still active): the final STOPPED job, final at the latest at the
-    next watchdog tick, stores them STOPPED and counts each once."""
+    expired yet, so they are still active, their owner lost): the final STOPPED job stores
+    them STOPPED and counts each once."""
 
     async def scenario() -> None:
         h = await activations.new(StagedJob, Plan(sizes=[3]), step_lease_timeout=lease)
@@ -323,8 +323,6 @@ def test_stop__steps_of_a_dead_host_are_stored_stopped_before_the_stop_is_final(
         await h.settle()
         assert h.hosts.running_ids() == set()
         await h.c.stop()
-        await h.settle()
-        await h.c.watchdog_tick()  # leases on: the steps the dead host ran are still active
         await h.settle()
 
         stored = await h.stored()
@@ -420,9 +418,7 @@ def test_watch__an_error_without_a_death_is_asked_again_and_starts_nothing_twice
         h.hosts.kill(host)
         await h.settle()
         assert len(h.hosts.calls) == 2
-        await h.hosts.finish_all()
-        await h.settle()
-        assert (await h.stored()).progress.successful_steps == 2
+        assert await h.all_succeed() == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
 
@@ -440,11 +436,7 @@ def test_watch__a_host_that_restarted_before_its_watch_is_gone_for_the_job(
         await h.settle()
         assert len(h.hosts.calls) == 2, "started again on a live incarnation"
         assert h.hosts.running_ids() == {"000000", "000001"}
-        await h.hosts.finish_all()
-        await h.settle()
-        stored = await h.stored()
-        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
-        assert stored.progress.successful_steps == 2
+        assert await h.all_succeed() == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
 
@@ -473,11 +465,7 @@ def test_watch__a_host_restart_seen_in_a_later_answer_restarts_only_the_steps_it
             "000000", "000001", "000000", "000001"
         ]  # fmt: skip
         assert h.hosts.running_ids() == {"000000", "000001"}
-        await h.hosts.finish_all()
-        await h.settle()
-        stored = await h.stored()
-        assert stored.status is JobStatus.COMPLETED_SUCCESSFULLY
-        assert stored.progress.successful_steps == 2
+        assert await h.all_succeed() == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
 
