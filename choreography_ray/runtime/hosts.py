@@ -146,8 +146,10 @@ class RayHosts:
             return  # released: this activation is done with it
         try:
             await handle.watch.remote(incarnation)
-        except ray.exceptions.ActorDiedError:
-            return
+        except ray.exceptions.ActorUnavailableError:
+            raise  # it may be back soon: the job asks again, and a new incarnation answers
+        except ray.exceptions.RayError:
+            return  # dead, or never to run again (its node is gone): this incarnation is gone
 
     def release(self, host: str) -> None:
         """Kills a dedicated step's actor in a named task: `ray.kill` is a call to the GCS,
