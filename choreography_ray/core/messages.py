@@ -71,3 +71,7 @@ def _pack(tuples: list[tuple[object, ...]]) -> bytes:
 def _unpack(wire: bytes | Iterable[_Wire]) -> Iterable[_Wire]:
     unpacked: Iterable[_Wire] = pickle.loads(wire) if isinstance(wire, bytes) else wire
     return unpacked
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

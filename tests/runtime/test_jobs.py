@@ -663,7 +663,8 @@ def test_spare_job_actor__the_next_start_takes_it_and_a_spare_without_a_job_exit
     # The first start had the manager create a spare: a job actor for an id with no record,
     # taken once it answers.
     manager_actor = ray.get_actor(manager_name(scope, "spares"), namespace=RAY_NAMESPACE)
-    (spare_id,) = eventually(lambda: ray.get(manager_actor.spares.remote()), what="a spare")
+    spares: list[str] = eventually(lambda: ray.get(manager_actor.spares.remote()), what="a spare")
+    (spare_id,) = spares
     assert job_actor_names() - before - {f"job/{first.job_id}"} == {f"job/{spare_id}"}
     assert in_storage(storage_url, lambda s: s.get_job(spare_id)) is None
 

@@ -44,7 +44,7 @@ def test_keep_after_completed_off__a_success_drops_every_record_of_the_job(
         assert await gone(h)
         assert h.calls["on_completed"] == 1
         assert h.c.state is not None and h.c.state.status is JobStatus.COMPLETED_SUCCESSFULLY
-        assert h.c.exit_requested
+        assert h.c.exit is not None
 
     activations.run(scenario)
 
@@ -113,7 +113,7 @@ def test_keep_off__a_drop_that_fails_leaves_the_completed_job_to_retention(
 
         # The outcome was saved before the drop: the job is completed, not failed, and exits.
         assert await h.status() is JobStatus.COMPLETED_SUCCESSFULLY
-        assert h.c.exit_requested
+        assert h.c.exit is not None
 
     activations.run(scenario)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.core import job as job_module
+from choreography_ray.core import plan_writer
 from choreography_ray.core.planning import (
     UNSIZED_WIDTH,
     Feed,
@@ -269,14 +269,14 @@ def test_plan__a_chunk_is_written_in_pieces_each_while_the_next_is_built_one_wri
     activations: Activations, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
-        monkeypatch.setattr(job_module, "PLAN_WRITE", 3)
+        monkeypatch.setattr(plan_writer, "PLAN_WRITE", 3)
         events: list[str] = []
 
         def building(specs: list[StepSpec], offset: int, width: int) -> list[PlannedStep]:
             events.append(f"build {offset}")
             return plan_records(specs, offset, width)
 
-        monkeypatch.setattr(job_module, "plan_records", building)
+        monkeypatch.setattr(plan_writer, "plan_records", building)
         h = await activations.new(StreamedJob, Streamed(steps=10), plan_chunk_size=CHUNK)
         insert_plan = h.storage.insert_plan
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from choreography_ray.core.mode import Mode
 from choreography_ray.errors import JobOperationError, RetryFailedStepsError, StorageError
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import StatusCounts
@@ -166,7 +167,7 @@ def test_retry_failed_steps__stores_the_steps_scheduled_at_the_next_attempt_befo
         stored = await h.stored()
         assert stored.status is JobStatus.RUNNING
         assert stored.records_counted_steps
-        assert not h.c.exit_requested
+        assert not h.c.exit is not None
         h.hosts.start_gate.set()
         await h.settle()
         assert [(s.step_id, s.attempt) for s in h.hosts.started][-1] == ("000001", 2)
@@ -302,7 +303,7 @@ def test_recover__a_stop_while_the_resume_hook_is_owed_counts_the_steps_never_st
         assert h.hosts.running_ids() == {"000000"}  # 000001 waits for the window
         h.control("on_before_resuming_job_steps", raises=1)
         await h.activate(reconstructed=True)  # the actor is lost; the hook fails on recovery
-        assert h.c.hook_owed
+        assert h.c.mode is Mode.HOOK_OWED
         await h.c.stop()
         await h.hosts.stop_cancelled()
         await h.settle()

@@ -39,14 +39,14 @@ def test_save__a_failed_progress_save_keeps_the_counts_and_the_dirty_flag(
         with pytest.raises(StorageError):
             await h.save_progress()
         assert h.c.stages[1].successful == 1
-        assert h.c._dirty
+        assert h.c.dirty
         assert (await h.stored()).progress.stages[1].successful_steps == 0
 
         await h.save_progress()
         stored = await h.stored()
         assert stored.progress.stages[0].successful_steps == 1
         assert stored.progress.stages[1].successful_steps == 1
-        assert not h.c._dirty
+        assert not h.c.dirty
 
     activations.run(scenario)
 
@@ -117,7 +117,7 @@ def test_save__a_lost_acknowledgement_of_the_terminal_save_still_ends_the_job_on
         storage.ack_lost("save_job", 1)
         await h.hosts.finish("000000")
 
-        await eventually(lambda: h.c._state.status is JobStatus.COMPLETED_SUCCESSFULLY)
+        await eventually(lambda: h.c.job_state.status is JobStatus.COMPLETED_SUCCESSFULLY)
         await asyncio.sleep(0.1)
         assert (await h.status()) is JobStatus.COMPLETED_SUCCESSFULLY
         assert h.calls["on_completed"] == 1

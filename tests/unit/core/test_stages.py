@@ -100,7 +100,7 @@ def test_pump__a_storage_error_while_checking_the_stage_is_retried_not_fatal(
         await h.hosts.finish("000000", deliver=0)
         h.c.window.clear()  # as after a reactivation that adopted nothing
         storage.fail("count_by_status", 1)
-        h.c._kick()
+        h.c.kick()
 
         await eventually(lambda: h.hosts.running_ids() == {"000001"})
         assert "pump" in h.c.tasks.failures

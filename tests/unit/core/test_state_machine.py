@@ -37,6 +37,7 @@ from hypothesis.stateful import (
 )
 
 from choreography_ray.core.messages import Outcome
+from choreography_ray.core.mode import Mode
 from choreography_ray.core.retries import Backoff
 from choreography_ray.core.window import RunState
 from choreography_ray.errors import JobOperationError, StartJobError, StorageError
@@ -533,7 +534,7 @@ class JobMachine(RuleBasedStateMachine):
         waiting = (
             core.window.count(RunState.QUEUED, RunState.START_FAILED, RunState.RETRY_WAIT)
             or core.awaiting_admission is not None
-            or core.hook_owed
+            or core.mode is Mode.HOOK_OWED
         )
         return bool(core.live and waiting)
 

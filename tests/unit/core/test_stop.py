@@ -109,7 +109,7 @@ def test_stop__a_failed_save_leaves_the_job_running_and_a_later_stop_works(
         with pytest.raises(JobOperationError) as raised:
             await h.c.stop()
         assert raised.value.error is StopJobError.COULD_NOT_PERSIST_STOP
-        assert h.c._state.status is JobStatus.RUNNING
+        assert h.c.job_state.status is JobStatus.RUNNING
         assert (await h.status()) is JobStatus.RUNNING
         assert h.hosts.cancels == []
         assert h.c.live

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from choreography_ray.core import job_record
 from choreography_ray.core.transitions import TRANSITIONS, check_transition
 from choreography_ray.errors import (
     IllegalTransitionError,
@@ -51,9 +52,9 @@ def test_transitions__an_illegal_status_change_of_the_core_raises_and_saves_noth
         before = await h.stored()
 
         with pytest.raises(IllegalTransitionError):
-            await h.c._set_status(JobStatus.PREPARING_JOB)
+            await job_record.set_status(h.c, JobStatus.PREPARING_JOB)
         assert (await h.stored()) == before
-        assert h.c._state.status is JobStatus.RUNNING
+        assert h.c.job_state.status is JobStatus.RUNNING
 
     activations.run(scenario)
 

@@ -1,0 +1,170 @@
+"""Start operations: queued steps are handed to hosts in batches while the window and the
+throttle allow; a step whose type cannot be loaded fails to start; a start's answer comes back
+as a turn (`JobCore.send`) and is applied here; a start that threw is sent back to the host that
+has it, counted from its stored outcome, or started again.
+
+A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from choreography_ray.core import host_watch, settling, stage_flow, stop_flow
+from choreography_ray.core.messages import Outcome, StepStart, describe
+from choreography_ray.core.mode import STOPPING
+from choreography_ray.core.watchdog import stored_outcome
+from choreography_ray.core.window import RunState
+from choreography_ray.logs import get_logger, ids
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.step import JobStep
+from choreography_ray.types import import_type
+
+if TYPE_CHECKING:
+    from choreography_ray.core.job import JobCore
+
+log = get_logger(__name__)
+
+
+def startable(
+    a: JobCore, starts: list[StepStart]
+) -> tuple[list[StepStart], list[tuple[StepStart, str]]]:
+    """The steps whose type loads, and the others with the reason."""
+    good: list[StepStart] = []
+    cannot: list[tuple[StepStart, str]] = []
+    for start in starts:
+        try:
+            is_dedicated(a, start.type)
+        except Exception as error:
+            cannot.append((start, describe(error)))
+        else:
+            good.append(start)
+    return good, cannot
+
+
+async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
+    """Hands pending steps to hosts while the window and the throttle allow. A step whose
+    type cannot be loaded fails to start: it is recorded FAILED and counted."""
+    answers: list[asyncio.Future[bool]] = []
+    while a.live:
+        await stage_flow.refill(a)
+        if not (batch := a.window.next_batch()):
+            break
+        shared: list[StepStart] = []
+        cannot: list[tuple[StepStart, str]] = []
+        for start in batch:
+            try:
+                dedicated = is_dedicated(a, start.type)
+            except Exception as error:
+                cannot.append((start, describe(error)))
+                continue
+            if dedicated:
+                host = a.hosts.place(a.job_id, start, dedicated=True)
+                answers.append(a.send(host, [start]))
+            else:
+                shared.append(start)
+        if shared:
+            host = a.hosts.place(a.job_id, shared[0], dedicated=False)
+            answers.append(a.send(host, shared))
+        if cannot:
+            await cannot_start(a, cannot)
+    return answers
+
+
+async def cannot_start(a: JobCore, failures: list[tuple[StepStart, str]]) -> None:
+    outcomes = [Outcome(s.step_id, s.attempt, StepStatus.FAILED, why) for s, why in failures]
+    try:
+        await settling.store_outcomes(a, outcomes)
+    except Exception:
+        a.window.queue((start for start, _why in failures), front=True)
+        raise
+    # Its attempt ended here: out of the table (a retry's too, else a stop after a
+    # RetryFailedSteps would count it failed once more).
+    a.window.forget(start.step_id for start, _why in failures)
+    for (start, why), outcome in zip(failures, outcomes, strict=True):
+        log.warning("job %s: step %s cannot start: %s", a.job_id, start.step_id, why,
+                    extra=ids(a.job_id, start.step_id))  # fmt: skip
+        settling.settle(a, start, outcome)
+
+
+def is_dedicated(a: JobCore, type_path: str) -> bool:
+    dedicated = a.dedicated_types.get(type_path)
+    if dedicated is None:
+        step_type = import_type(type_path, a.options.allowed_type_prefixes)
+        if not issubclass(step_type, JobStep):
+            raise TypeError(f"{type_path} is not a choreography_ray.JobStep")
+        dedicated = a.dedicated_types[type_path] = bool(step_type.dedicated)
+    return dedicated
+
+
+def dedicated_type(a: JobCore, type_path: str) -> bool:
+    try:
+        return is_dedicated(a, type_path)
+    except Exception:
+        return False
+
+
+async def answered(
+    a: JobCore,
+    host: str,
+    batch: list[StepStart],
+    error: Exception | None,
+    incarnation: str | None = None,
+) -> None:
+    known = a.incarnations.get(host)
+    if error is None and known is not None and known != incarnation:
+        # The host restarted since it last answered: the steps it ran then are gone (this
+        # batch's are still being started, so not among them).
+        await host_watch.host_lost(a, host)
+    a.window.answered(batch, error is None)
+    a.kick()
+    if error is not None:
+        # One retry round for every start that failed meanwhile: the backoff grows by
+        # round, not by the number of batches that failed in it.
+        log.warning(
+            "job %s: starting %d steps on %s failed (started again soon): %s",
+            a.job_id,
+            len(batch),
+            host,
+            error,
+        )
+        if a.mode not in STOPPING:
+            a.timers.arm("starts")
+        else:
+            await stop_flow.stop_failed_starts(a)
+        return
+    if not a.window.count(RunState.START_FAILED):
+        a.timers.clear("starts")
+    a.tally.started += len(batch)
+    a.watch(host, incarnation)
+    if a.mode in STOPPING:
+        # The stop reached this host before these steps did: tell them again.
+        await a.hosts.cancel([host], a.job_id, a.job_state.status is JobStatus.REMOVING)
+
+
+async def retry_failed_starts(a: JobCore) -> None:
+    """Start operations that threw may have run on their host all the same (Ray: "the task
+    may or may not have been executed"): a step whose outcome storage holds counts it; a
+    step a host still has goes back to that host, which skips it when it runs that attempt
+    and refuses it while it lets an earlier one go; the others start again anywhere."""
+    failed = {start.step_id: start for start in a.window.failed_starts()}
+    if not failed:
+        return
+    on_hosts = await a.hosts.running(a.job_id)  # before storage: see _adopt_stage
+    unsure = [step_id for step_id in failed if step_id not in on_hosts]
+    records = await a.storage.get_steps(a.job_id, unsure) if unsure else {}
+    back: dict[str, list[StepStart]] = defaultdict(list)
+    again: list[StepStart] = []
+    for step_id, start in failed.items():
+        if step_id in on_hosts:
+            back[on_hosts[step_id]].append(start)
+        elif (outcome := stored_outcome(start, records.get(step_id))) is not None:
+            a.window.adopt(start, "")
+            settling.accept(a, outcome)
+        else:
+            again.append(start)
+    for host, batch in back.items():
+        a.send(host, batch)
+    a.window.queue(again, front=True)

@@ -1,0 +1,159 @@
+"""Start's first turn: the request is validated, `prepare_steps` is read a chunk at a time and
+stored (ids as wide as the plan's known length), per-stage totals counted, checkpointed stages
+skipped; the record says `has_plan` only once every chunk is stored. A plan that fails while it
+is written leaves no step behind.
+
+A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from choreography_ray.core import job_record, stage_flow
+from choreography_ray.core.mode import Mode
+from choreography_ray.core.planning import (
+    PLAN_WRITE,
+    Feed,
+    PlanError,
+    PlanReader,
+    first_run,
+    id_width,
+    plan_records,
+    plan_source,
+)
+from choreography_ray.core.stages import Stages
+from choreography_ray.errors import StartJobError
+from choreography_ray.logs import get_logger
+from choreography_ray.model import ResumeAfter
+from choreography_ray.status import JobStatus
+from choreography_ray.storage import PlannedStep
+
+if TYPE_CHECKING:
+    from choreography_ray.core.job import JobCore
+
+log = get_logger(__name__)
+
+
+async def prepare(a: JobCore) -> StartJobError | None:
+    state = a.job_state
+    if state.status is not JobStatus.PREPARING_JOB or state.has_plan or a.mode is not Mode.IDLE:
+        return StartJobError.JOB_ALREADY_EXISTS
+    job = a.loaded_job
+    a.enter(Mode.PREPARING)
+    try:
+        request = job.request_type().model_validate(state.request)
+        source = await plan_source(job.prepare_steps(request))
+    except Exception as error:
+        await stage_flow.fail(a, error)
+        return StartJobError.COULD_NOT_PREPARE_STEPS
+    try:
+        await persist_plan(a, source)
+    except PlanError as error:  # the plan's own code, while it was read
+        await fail_preparing(a, error.__cause__ or error)
+        return StartJobError.COULD_NOT_PREPARE_STEPS
+    except Exception as error:
+        log.exception("job %s: could not persist its plan", a.job_id)
+        await fail_preparing(a, error)
+        return StartJobError.COULD_NOT_PERSIST
+    return None
+
+
+async def fail_preparing(a: JobCore, error: BaseException) -> None:
+    """The job fails before its plan is stored: a partial plan's records go first."""
+    await clear_partial_plan(a)
+    await stage_flow.fail(a, error)
+
+
+async def clear_partial_plan(a: JobCore) -> None:
+    try:
+        await a.storage.remove_job_steps(a.job_id)
+    except Exception as error:  # a job without a plan never runs them; retention clears
+        log.warning("job %s: removing its partial plan failed: %s", a.job_id, error)
+
+
+async def persist_plan(a: JobCore, source: Iterable[Any] | AsyncIterable[Any]) -> None:
+    """Reads, checks and writes the plan a chunk at a time, counting per-stage totals; the
+    job record says `has_plan` only once every chunk is stored. Errors of the plan's own
+    code are `PlanError`s."""
+    if await a.storage.list_starts(a.job_id, limit=1):
+        # An earlier activation's plan, never finished (no has_plan): its records go first.
+        await a.storage.remove_job_steps(a.job_id)
+    size = a.options.plan_chunk_size
+    reader = PlanReader(source)
+    chunk = await reader.read(size)
+    # One step past the first chunk says whether the plan ends within it, and so how wide
+    # its step ids are when its length is not known.
+    probe = await reader.read(1)
+    width = id_width(source, len(chunk), bool(probe))
+    totals: dict[int, int] = {}
+    # The first run keeps the first two chunks' records (the second was begun to size the
+    # ids): a plan of up to two chunks is never read back.
+    kept: list[PlannedStep] = []
+    offset = 0
+    writing: asyncio.Task[None] | None = None
+    try:
+        while chunk:
+            # A chunk is written a piece at a time, each piece while the next is built or
+            # read (SQLite writes it without holding the GIL); one write at a time, in
+            # order. Only the last piece's write is left when the plan ends.
+            for first in range(0, len(chunk), PLAN_WRITE):
+                records = plan_records(chunk[first : first + PLAN_WRITE], offset, width)
+                if writing is not None:
+                    await writing
+                writing = asyncio.get_running_loop().create_task(
+                    a.storage.insert_plan(a.job_id, records),
+                    name=f"insert plan of job {a.job_id} at step {offset}",
+                )
+                # The write begins now (reading a plan that is not async never yields).
+                await asyncio.sleep(0)
+                for record in records:
+                    totals[record.stage] = totals.get(record.stage, 0) + 1
+                if offset < 2 * size:
+                    kept += records
+                offset += len(records)
+                del records
+            del chunk  # let it go before the next is read
+            chunk, probe = probe + await reader.read(size - len(probe)), []
+        if writing is not None:
+            await writing
+    except BaseException:
+        if writing is not None:
+            # The write lands (or fails) before the job clears its partial plan; the error
+            # raised here is the one to report, not the write's.
+            await asyncio.wait([writing])
+            if not writing.cancelled():
+                writing.exception()
+        raise
+    stages = Stages.from_totals(totals)
+    resume = a.job_state.resume_after
+    if resume is not None:
+        resume = await skip_checkpointed(a, stages, resume)
+    update = {"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
+    a.state = a.job_state.model_copy(update={**update, "resume_after": resume})
+    a.stages = stages
+    await job_record.set_status(a, JobStatus.PREPARING_STEPS)
+    stage = stages.first()
+    a.plan = {stage: first_run(kept, stage)}
+    # A plan that ended within the kept chunks is whole in memory: nothing to read.
+    a.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=offset == len(kept))
+
+
+async def skip_checkpointed(a: JobCore, stages: Stages, resume: ResumeAfter) -> ResumeAfter | None:
+    """A start after a checkpoint: the checkpointed stages' steps are counted as succeeded
+    and their records (written with the plan) deleted again, so they never run. The resume
+    as kept (its `stage` the last one skipped), or None when the layout changed and the
+    job runs from the top."""
+    skipped = stages.skip_through(resume)
+    if not skipped:
+        log.warning("job %s runs from the top: its plan's stage layout is not the one of run "
+                    "%s's checkpoint", a.job_id, resume.source)  # fmt: skip
+        return None
+    for stage in skipped:
+        while page := await a.storage.list_starts(a.job_id, stage=stage, limit=a.page):
+            await a.storage.delete_steps(a.job_id, [row.step_id for row in page])
+    log.info("job %s resumes after stage %d of run %s: stage(s) %s are not run again",
+             a.job_id, skipped[-1], resume.source, skipped)  # fmt: skip
+    return resume.model_copy(update={"stage": skipped[-1]})

@@ -1,0 +1,163 @@
+"""Resume, recover and RetryFailedSteps: a resume recounts from storage under the fence, saves
+RUNNING, adopts steps still running on live hosts, and starts the others once
+`on_before_resuming_job_steps` succeeded; recovery (what rehydration does) resumes a job or
+finishes its stop, never both; RetryFailedSteps runs a job's failed steps again.
+
+A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import TYPE_CHECKING
+
+from choreography_ray.core import (
+    host_watch,
+    job_record,
+    plan_writer,
+    resuming,
+    stage_flow,
+    stop_flow,
+)
+from choreography_ray.core.messages import StepStart
+from choreography_ray.core.mode import Mode
+from choreography_ray.core.planning import Feed
+from choreography_ray.core.resuming import Recover, Resume
+from choreography_ray.core.stages import stored_among, stored_running
+from choreography_ray.errors import CannotResumeJobError, JobOperationError, RetryFailedStepsError
+from choreography_ray.logs import get_logger
+from choreography_ray.model import StatusChange
+from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
+from choreography_ray.storage import StepUpdate, step_pages
+
+if TYPE_CHECKING:
+    from choreography_ray.core.job import JobCore
+
+log = get_logger(__name__)
+
+
+async def recover(a: JobCore) -> None:
+    """What rehydration does to this job: resume it, or finish its stop; never both."""
+    action = resuming.recover_action(a.job_state)
+    if action is Recover.FINISH_STOP and not a.live:
+        await stop_flow.tell_stop_again(a)
+    elif action is Recover.RESUME:
+        await resume(a, explicit=False)
+
+
+async def resume(a: JobCore, explicit: bool) -> None:
+    """ResumeJob (and a rehydration's resume): the counts are rebuilt from storage under the
+    fence, RUNNING is saved, steps still running on a live host are adopted, and the others
+    start once `on_before_resuming_job_steps` succeeded."""
+    state = a.job_state
+    action = resuming.resume_action(state, explicit, a.live)
+    if action is Resume.NOTHING or a.mode is Mode.OWES_STATUS:  # its outcome is decided
+        return
+    if action is Resume.MISSING_PLAN:
+        message = "the job was interrupted before its step plan was stored"
+        # A plan cut short while it was written is no plan: its records go, never run.
+        await plan_writer.clear_partial_plan(a)
+        if state.status is not JobStatus.FAILED:
+            await stage_flow.finish_with(
+                a, JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
+            )
+        raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
+    # Every read before the first change: a failed read leaves the activation as it was.
+    async with host_watch.fenced(a) as host_of:
+        counts = await a.storage.count_by_status(a.job_id)
+        running = await stored_running(a.storage, a.job_id, state.stage, host_of)
+        stopped = a.counting.stopped
+        stored = await stored_among(a.storage, a.job_id, state.stage, stopped) if stopped else set()
+    # The counts the resume saves; the activation goes back to them when the save fails.
+    stages, counting = copy.deepcopy(a.stages), copy.deepcopy(a.counting)
+    a.stages.recount(counts)
+    # A stop counted for a step that has since reached its outcome (a take-back lost with
+    # an activation before it was saved) is taken back now.
+    for step_id in [s for s in a.counting.stopped if s not in stored]:
+        a.counting.take_back_stop(step_id)
+    resuming.rebase_stops(a.stages, len(a.counting.stopped), state.stage)
+    a.counting.records = True
+    try:
+        await job_record.set_status(
+            a, JobStatus.RUNNING, records_counted_steps=True, stop_finalized=False
+        )
+    except Exception:
+        # Nothing of the resume applies: steps still winding down stay active here.
+        a.stages, a.counting = stages, counting
+        raise
+    a.window.clear()
+    # Steps still running on a live host are this activation's again before the hook runs:
+    # their reports count (the fence kept their outcomes out of the recount), and a stop
+    # while the hook is owed reaches them.
+    # The others start once the resume hook succeeded; until then they are the stage's
+    # never-started steps (a stop counts them as stopped).
+    a.plan = {state.stage: stage_flow.adopt(a, running, host_of)}
+    a.feed = Feed(state.stage, skip={row.step_id for row in running})
+    a.enter(Mode.RUNNING)
+    await run_resume_hook(a)
+
+
+async def run_resume_hook(a: JobCore) -> None:
+    try:
+        await a.loaded_job.on_before_resuming_job_steps()
+    except Exception as error:
+        log.warning("job %s: on_before_resuming_job_steps failed: %s", a.job_id, error)
+        a.enter(Mode.HOOK_OWED)
+        a.hook_backoff.failed()
+        return
+    a.enter(Mode.RUNNING)
+    a.hook_backoff.succeeded()
+    stage = a.job_state.stage
+    if stage not in a.stages.counters:
+        stage = a.stages.first()
+    await stage_flow.begin_stage(a, stage)
+    a.kick()
+
+
+async def retry_failed(a: JobCore) -> int:
+    """RetryFailedSteps: a job completed with failures runs its failed steps again, each as
+    its next attempt; returns how many."""
+    state = a.job_state
+    resuming.check_retry_failed(a.loaded_job, a.stages, state)
+    failed = [
+        StepStart(s.step_id, s.type, s.stage, s.attempt + 1, json.dumps(s.request))
+        async for page in step_pages(a.storage, a.job_id, statuses=FAILED_STEP)
+        for s in page
+    ]
+    # Retrying a counted failure removes its failed count: the counts change with the
+    # RUNNING save, and go back when it fails.
+    for start in failed:
+        a.stages[start.stage].failed -= 1
+    try:
+        await job_record.set_status(a, JobStatus.RUNNING, records_counted_steps=True)
+    except Exception as error:
+        for start in failed:
+            a.stages[start.stage].failed += 1
+        raise JobOperationError(RetryFailedStepsError.COULD_NOT_PERSIST, str(error)) from error
+    a.counting.records = True
+    for start in failed:
+        a.counting.uncount_outcome(start.step_id)
+    try:
+        # Durable before they run: a lost activation resumes them as scheduled.
+        await a.counting.flush(a.storage, a.job_id)
+        scheduled = StatusChange(status=StepStatus.SCHEDULED)
+        await a.storage.update_steps(
+            [
+                StepUpdate(a.job_id, s.step_id, StepStatus.SCHEDULED, s.attempt, None, scheduled)
+                for s in failed
+            ]
+        )
+    except Exception as error:
+        # The job is RUNNING with its failed steps stored as failed: the pump recounts
+        # from storage and completes it again.
+        a.enter(Mode.RUNNING)
+        a.kick()
+        raise JobOperationError(RetryFailedStepsError.COULD_NOT_PERSIST, str(error)) from error
+    a.enter(Mode.RUNNING)
+    # They are the whole stage now: nothing is read from storage (where they are
+    # SCHEDULED again) on top of them.
+    a.feed = None
+    a.window.queue(failed)
+    a.kick()
+    return len(failed)

@@ -1,0 +1,136 @@
+"""The activation's two background turns, by mode: the pump (start what may start, move on when
+a stage is done, save an owed outcome first) and the watchdog tick (what no report or answer
+will do: lost reports, failed starts, expired leases, admission asked again, an interrupted
+startup or stop carried on).
+
+A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from choreography_ray.core import (
+    dispatch,
+    job_record,
+    leases,
+    resume_flow,
+    settling,
+    stage_flow,
+    stop_flow,
+    stopping,
+)
+from choreography_ray.core.mode import STOPPING, Mode
+from choreography_ray.core.watchdog import stage_done_in_storage
+from choreography_ray.core.window import RunState
+from choreography_ray.logs import get_logger
+from choreography_ray.status import JobStatus
+
+if TYPE_CHECKING:
+    from choreography_ray.core.job import JobCore
+
+log = get_logger(__name__)
+
+
+async def pump(a: JobCore) -> None:
+    """Starts what may start and moves on when the stage is done; saves an owed terminal
+    status before anything else, and retries a stop's finish when its timer is due."""
+    if a.mode is Mode.OWES_STATUS:
+        await stage_flow.save_owed(a)
+        return
+    if a.timers.due("finish"):
+        await stop_flow.finish_stop_when_reported(a)
+    if a.mode not in (Mode.RUNNING, Mode.AWAITING_ADMISSION):
+        return
+    if a.job_state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
+        return
+    if a.timers.due("starts"):
+        await dispatch.retry_failed_starts(a)
+    if a.timers.due("admission") and a.mode is Mode.AWAITING_ADMISSION:
+        await stage_flow.begin_stage(a, a.admission_stage)
+    a.timers.due("retries")  # re-armed below for the next one
+    a.window.retry_due()
+    if (due_in := a.window.next_due_in()) is not None:
+        a.timers.arm("retries", due_in)
+    await dispatch.fill(a)
+    if a.job_state.status is JobStatus.RUNNING:
+        await stage_flow.check_stage(a)
+
+
+async def tick(a: JobCore) -> None:
+    """The watchdog: what no report or answer will do, by mode. Saves whose answer was lost
+    are reconciled first."""
+    a.ticks += 1
+    if a.state is None or a.mode is Mode.REMOVED:
+        return
+    if a.unanswered_saves:
+        await job_record.reconcile(a)
+    if a.mode is Mode.IDLE:
+        await _idle(a)
+    elif a.mode in STOPPING:
+        await _stopping(a)
+    elif a.mode is Mode.HOOK_OWED:
+        if a.hook_backoff.should_try():
+            await resume_flow.run_resume_hook(a)
+    elif a.mode in (Mode.RUNNING, Mode.AWAITING_ADMISSION):
+        await _running(a)
+
+
+async def _idle(a: JobCore) -> None:
+    """An activation that drives nothing yet: a startup cut short after its plan was stored
+    finishes through a resume; a stop or removal an earlier activation left is finished."""
+    state = a.job_state
+    if state.status.is_preparing and state.has_plan:
+        await resume_flow.resume(a, explicit=False)
+    elif stopping.stop_owed(state):
+        await stop_flow.tell_stop_again(a)
+
+
+async def _stopping(a: JobCore) -> None:
+    """A stop is final once every step reported it: lost reports are settled here too, and a
+    finish that failed waits for its own timer."""
+    if a.window.in_flight():
+        await settling.settle_lost_reports(a, a.job_state.stage)
+        await stop_flow.stop_lost_owners(a)
+        if not a.timers.armed("finish"):
+            await stop_flow.finish_stop_when_reported(a)
+
+
+async def _running(a: JobCore) -> None:
+    """Lost reports are settled, failed starts retried, expired leases restarted, admission
+    asked again, and a stage that storage holds done moves on."""
+    if a.job_state.status is not JobStatus.RUNNING:
+        return
+    stage = a.job_state.stage
+    if stage_flow.idle(a) and await stage_done_in_storage(a.storage, a.job_id, stage):
+        # Every step of the stage is done in storage: recount from storage and move on (the
+        # recount reads every record of the job, so only then).
+        a.stages.recount(await a.storage.count_by_status(a.job_id))
+        await stage_flow.stage_done(a, stage)
+        return
+    await settling.settle_lost_reports(a, stage)
+    await dispatch.retry_failed_starts(a)
+    lease = a.options.lease_seconds
+    if lease is not None:
+        # The spec's override point: the job type says which owners are alive.
+        silos = await asyncio.to_thread(a.loaded_job.get_active_silos)
+        # A step whose start is unanswered has, in storage, the record of its last run.
+        stale = await leases.expired(
+            a.storage,
+            a.hosts,
+            silos,
+            a.job_id,
+            stage,
+            settling.settleable(a, stage),
+            lease,
+            a.window.active(RunState.OWNER_LOST).keys(),
+        )
+        a.tally.restarted_by_lease += len(stale)
+        a.window.queue(stale, front=True)
+    if a.mode is Mode.AWAITING_ADMISSION:
+        await stage_flow.begin_stage(a, a.admission_stage)
+    elif stage_flow.idle(a):
+        await stage_flow.restart_orphans(a, stage)
+    await a.hosts.refresh()
+    a.kick()
