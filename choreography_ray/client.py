@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import ray
 from pydantic import BaseModel
 
+from choreography_ray.core.stopping import settled
 from choreography_ray.errors import (
     ChoreographyError,
     JobsManagerConflictError,
@@ -93,12 +94,6 @@ async def call_actor(
                 ) from None
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
-
-
-def settled(state: JobState) -> bool:
-    """What `wait` returns at: a terminal status, or a stop that is final (every running step
-    reported its stop and `on_stopped` ran, so `progress.stopped_steps` is complete)."""
-    return state.status.is_terminal or (state.status is JobStatus.STOPPED and state.stop_finalized)
 
 
 def default_storage_url() -> str:

@@ -13,6 +13,7 @@ One root, `ChoreographyError`::
     ├── SchedulerOperationError    a scheduler operation was refused (.error, a SchedulerError)
     ├── SchedulerUnavailableError  the scheduler actor could not be reached within the bound
     ├── StepHostUnknownError       a live step host did not say which steps it runs (asked again)
+    ├── StaleActivationError       a step host refused a start of an older job activation (epoch)
     ├── ReportAgainError           a job could not take a step's report now (the host reports again)
     └── StorageError               anything the storage layer reports
         ├── StorageUnavailableError      the database cannot be reached (URL shown without password)
@@ -166,6 +167,11 @@ class JobsManagerUnavailableError(ChoreographyError):
 class StepHostUnknownError(ChoreographyError):
     """A live step host did not answer which steps it runs: they are unknown, not none (the
     operation that asked is tried again)."""
+
+
+class StaleActivationError(ChoreographyError):
+    """A step host refused a start of a job activation older than one that has asked it
+    already (its epoch is older): the newer activation drives the job now."""
 
 
 class ReportAgainError(ChoreographyError):

@@ -30,8 +30,8 @@ import ray
 import choreography_ray as cr
 from choreography_ray.bench.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
 from choreography_ray.bench.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
-from choreography_ray.client import settled
 from choreography_ray.core.planning import PLAN_WRITE
+from choreography_ray.core.stopping import settled
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.runtime.names import job_name, manager_name
 from choreography_ray.runtime.process import gc_tuned

@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from choreography_ray.client import settled
+from choreography_ray.core.stopping import settled
 from choreography_ray.model import JobState, StepState, utcnow
 from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
 

@@ -34,7 +34,7 @@ from choreography_ray.cli._common import (
     resolve_storage,
 )
 from choreography_ray.cli._render import failed_steps_table, outcome
-from choreography_ray.client import settled
+from choreography_ray.core.stopping import settled
 from choreography_ray.examples.demo import DemoJob, DemoRequest
 from choreography_ray.runtime.names import DEFAULT_NAMESPACE
 from choreography_ray.status import StepStatus

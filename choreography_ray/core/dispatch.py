@@ -12,7 +12,7 @@ import asyncio
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from choreography_ray.core import host_watch, settling, stage_flow, stop_flow
+from choreography_ray.core import host_watch, job_record, settling, stage_flow, stop_flow
 from choreography_ray.core.messages import Outcome, StepStart, describe
 from choreography_ray.core.mode import STOPPING
 from choreography_ray.core.watchdog import stored_outcome
@@ -48,6 +48,8 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
     """Hands pending steps to hosts while the window and the throttle allow. A step whose
     type cannot be loaded fails to start: it is recorded FAILED and counted."""
     answers: list[asyncio.Future[bool]] = []
+    if a.live:
+        await job_record.take_epoch(a)  # a job reopened at rest: before its first start
     while a.live:
         await stage_flow.refill(a)
         if not (batch := a.window.next_batch()):
@@ -152,7 +154,7 @@ async def retry_failed_starts(a: JobCore) -> None:
     failed = {start.step_id: start for start in a.window.failed_starts()}
     if not failed:
         return
-    on_hosts = await a.hosts.running(a.job_id)  # before storage: see _adopt_stage
+    on_hosts = await a.hosts.running(a.job_id, epoch=a.epoch)  # before storage: see _adopt_stage
     unsure = [step_id for step_id in failed if step_id not in on_hosts]
     records = await a.storage.get_steps(a.job_id, unsure) if unsure else {}
     back: dict[str, list[StepStart]] = defaultdict(list)

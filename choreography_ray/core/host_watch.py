@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from choreography_ray.core import settling, stop_flow
+from choreography_ray.core import job_record, settling, stop_flow
 from choreography_ray.core.mode import STOPPING
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.window import RUNNING
@@ -30,8 +30,9 @@ async def fenced(a: JobCore) -> AsyncIterator[dict[str, str]]:
     before lands after. A recount and the steps adopted are then one picture: a step
     listed has no outcome stored (it counts when it reports), and an outcome stored is of
     a step not listed (the recount counts it)."""
+    await job_record.take_epoch(a)  # a job reopened at rest: before its first fence
     try:  # a host that does not answer fails the read: those that did are lifted too
-        yield await a.hosts.running(a.job_id, fence=True)
+        yield await a.hosts.running(a.job_id, fence=True, epoch=a.epoch)
     finally:
         await a.hosts.lift_fence(a.job_id)
 
@@ -47,11 +48,13 @@ async def host_lost(a: JobCore, host: str) -> None:
     stored = {k: v for k, v in settling.settleable(a, stage).items() if k in lost_ids}
     await settling.settle_stored(a, stored)
     lost = [s for s in a.window.on_host(host) if s.step_id in lost_ids]
-    if not lost:
-        return
     if a.mode in STOPPING:
-        await settling.store_stops(a, lost)
+        # (Also when the settle above counted the last of them.)
+        if lost:
+            await settling.store_stops(a, lost)
         await stop_flow.finish_stop_when_reported(a)
+    elif not lost:
+        return
     elif not a.live:
         return  # driven by nobody here yet: the resume that takes the job on finds them gone
     elif a.options.lease_seconds is None:

@@ -15,19 +15,22 @@ class Hosts(Protocol):
         """The host that will run this step: the next shared host, or the step's own actor."""
 
     async def start(
-        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
+        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
     ) -> str:
         """Hands a batch to a host; returns once the host has stored it RUNNING, with the
         host's incarnation (a restarted host is a new one). `labels` are the job's metric
-        tags, for what the host records of it."""
+        tags, for what the host records of it. A host refuses the start (raises) when an
+        activation of the job with a newer `epoch` has asked it already (0: none known)."""
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         """Tells every running step of the job on these hosts to stop."""
 
-    async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
+    async def running(self, job_id: str, fence: bool = False, epoch: int = 0) -> dict[str, str]:
         """The job's steps running on live hosts: step id -> host. With `fence` (a job about
         to count from storage), each host refuses the job's starts still waiting there and
-        holds the job's outcome writes until `lift_fence` (`StepHostCore.running_steps`)."""
+        holds the job's outcome writes until `lift_fence` (`StepHostCore.running_steps`).
+        Each host asked learns `epoch`: it refuses the starts of older activations from then
+        on."""
 
     async def lift_fence(self, job_id: str) -> None:
         """The hosts write the job's outcomes again."""

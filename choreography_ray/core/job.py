@@ -29,6 +29,7 @@ from choreography_ray.core import (
     settling,
     stage_flow,
     stop_flow,
+    stopping,
     tick,
 )
 from choreography_ray.core.counting import Counting
@@ -99,6 +100,9 @@ class JobCore:
         #: The rest of the running stage, read from storage a page at a time.
         self.feed: Feed | None = None
         self.page = feed_page(options.plan_chunk_size)
+        #: This activation's epoch (`job_record.take_epoch`): every start and every read of the
+        #: hosts carries it; 0 until taken.
+        self.epoch = 0
         self.dirty = False
         self.dedicated_types: dict[str, bool] = {}  # step type path -> dedicated
         #: Per host, the incarnation this activation watches (the last one that answered).
@@ -129,6 +133,8 @@ class JobCore:
         try:
             async with self.turns.turn("activate"):
                 await job_record.load(self)
+                if self.state is not None and not stopping.settled(self.state):
+                    await job_record.take_epoch(self)
         except Exception as error:
             # Calls get the error; the actor goes (rehydration or reconciliation brings a job
             # that can still run back).
@@ -142,7 +148,7 @@ class JobCore:
             self._loaded.set_result(None)
             return
         await self.refresh_hosts()
-        if state.status.is_terminal or (state.status is JobStatus.STOPPED and state.stop_finalized):
+        if stopping.settled(state):
             # Activated for an operation on a job at rest: it answers, and the actor goes
             # unless the operation reopened the job.
             self.enter(Mode.AT_REST)
@@ -265,7 +271,7 @@ class JobCore:
             error: Exception | None = None
             incarnation = None
             try:
-                incarnation = await self.hosts.start(host, self.job_id, batch, labels)
+                incarnation = await self.hosts.start(host, self.job_id, batch, labels, self.epoch)
             except Exception as failure:
                 error = failure
             try:

@@ -66,6 +66,17 @@ async def load(a: JobCore) -> None:
     await a.counting.load(a.storage, a.job_id, a.state.records_counted_steps)
 
 
+async def take_epoch(a: JobCore) -> None:
+    """This activation's epoch: the version of the record it writes first, with a conditional
+    write (two activations cannot take the same one, and a later one's is greater). Taken as
+    the activation loads a job that is not at rest, else before its first start or fence (an
+    operation that reopens the job)."""
+    if not a.epoch:
+        await save(a)
+        a.epoch = a.job_state.version
+        log.info("job %s: activation epoch %d", a.job_id, a.epoch)
+
+
 async def set_status(
     a: JobCore,
     status: JobStatus,

@@ -139,7 +139,7 @@ async def adopt_stage(
     # Hosts first, storage after: a step that finishes between the two reads is then either
     # adopted and stored as finished (so left alone), never read running and found idle.
     if host_of is None:
-        host_of = await a.hosts.running(a.job_id)
+        host_of = await a.hosts.running(a.job_id, epoch=a.epoch)
     running = await stored_running(a.storage, a.job_id, stage, host_of)
     a.feed = Feed(stage, skip={row.step_id for row in running})
     return adopt(a, running, host_of)

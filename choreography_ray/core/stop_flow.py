@@ -229,7 +229,7 @@ async def stop_failed_starts(a: JobCore) -> None:
     same is active again and told to stop, a step whose outcome storage holds counts it,
     and the others never ran: they count as the stop counts a step that never started."""
     failed = {start.step_id: start for start in a.window.failed_starts()}
-    on_hosts = await a.hosts.running(a.job_id)  # before storage: see _adopt_stage
+    on_hosts = await a.hosts.running(a.job_id, epoch=a.epoch)  # before storage: see _adopt_stage
     unsure = [step_id for step_id in failed if step_id not in on_hosts]
     records = await a.storage.get_steps(a.job_id, unsure) if unsure else {}
     outcomes = {

@@ -49,6 +49,13 @@ def halt(window: Window, stages: Stages, counting: Counting) -> Halted:
     return Halted(failed, stopped)
 
 
+def settled(state: JobState) -> bool:
+    """At rest: a terminal status, or a stop that is final (every running step reported its
+    stop and `on_stopped` ran, so `progress.stopped_steps` is complete). What `wait` returns
+    at, and a job whose activation drives nothing."""
+    return state.status.is_terminal or (state.status is JobStatus.STOPPED and state.stop_finalized)
+
+
 def stop_owed(state: JobState) -> bool:
     """A stop or removal is persisted and not finished yet."""
     return state.status is JobStatus.REMOVING or (

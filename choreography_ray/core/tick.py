@@ -88,13 +88,13 @@ async def _idle(a: JobCore) -> None:
 
 
 async def _stopping(a: JobCore) -> None:
-    """A stop is final once every step reported it: lost reports are settled here too, and a
-    finish that failed waits for its own timer."""
+    """A stop is final once every step reported it: lost reports are settled here too, and the
+    finish is run (a finish that failed waits for its own timer)."""
     if a.window.in_flight():
         await settling.settle_lost_reports(a, a.job_state.stage)
         await stop_flow.stop_lost_owners(a)
-        if not a.timers.armed("finish"):
-            await stop_flow.finish_stop_when_reported(a)
+    if not a.timers.armed("finish"):
+        await stop_flow.finish_stop_when_reported(a)
 
 
 async def _running(a: JobCore) -> None:

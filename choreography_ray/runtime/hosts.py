@@ -75,12 +75,12 @@ class RayHosts:
         return name
 
     async def start(
-        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
+        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
     ) -> str:
         wire = starts_to_wire(batch)
         handle = self.handles[host]
         _started, incarnation = await handle.start_steps.remote(
-            job_id, self.context, wire, tuple(labels)
+            job_id, self.context, wire, tuple(labels), epoch
         )
         return str(incarnation)
 
@@ -93,7 +93,7 @@ class RayHosts:
             if isinstance(answer, BaseException):
                 log.warning("job %s: telling a host to stop its steps failed: %s", job_id, answer)
 
-    async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
+    async def running(self, job_id: str, fence: bool = False, epoch: int = 0) -> dict[str, str]:
         """Asks every host of the job: those of alive nodes and its dedicated step actors,
         also those an earlier activation created. A dead host runs nothing; a live one that
         does not answer raises `StepHostUnknownError`."""
@@ -101,7 +101,7 @@ class RayHosts:
         await self._find_dedicated(job_id)
         names = list(self.handles)
         answers = await asyncio.gather(
-            *(self.handles[n].running_steps.remote(job_id, fence) for n in names),
+            *(self.handles[n].running_steps.remote(job_id, fence, epoch) for n in names),
             return_exceptions=True,
         )
         running: dict[str, str] = {}

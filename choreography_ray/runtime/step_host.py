@@ -30,7 +30,7 @@ import inspect
 import itertools
 import os
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,6 +41,7 @@ from pydantic import BaseModel
 from choreography_ray.core.messages import Outcome, StartWire, StepStart, starts_from_wire
 from choreography_ray.core.metrics import UNKNOWN, Histogram, Labels, WriteOperation
 from choreography_ray.core.retries import Backoff
+from choreography_ray.errors import StaleActivationError
 from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.options import JobsOptions
@@ -64,6 +65,8 @@ UNASKED_CANCEL = "perform raised CancelledError without being stopped"
 PERSIST_RETRY = Backoff(1.0, 30.0)
 #: Seconds a fence holds a job's outcome writes when the job never lifts it (it was lost).
 FENCE_SECONDS = 60.0
+#: How many jobs' newest activation epochs a host keeps (`StepHostCore.epochs`).
+EPOCHS_KEPT = 10_000
 
 
 class Tenant:
@@ -117,6 +120,10 @@ class StepHostCore:
         #: Per job, how often a reactivating job fenced its starts here (`running_steps`): a
         #: start that waited for room across a fence was sent before it, and is refused.
         self.fences: Counter[str] = Counter()
+        #: Per job, the newest activation epoch that asked this host (a start, or a read of
+        #: its steps): a start of an older activation is refused, also one that arrives after
+        #: the newer activation's fence. The last EPOCHS_KEPT jobs asked.
+        self.epochs: OrderedDict[str, int] = OrderedDict()
         #: The jobs whose fence is up: their outcome writes wait until `lift_fence` (or
         #: FENCE_SECONDS), so the job reads storage while nothing of it changes there.
         self.fenced: dict[str, asyncio.TimerHandle] = {}
@@ -157,27 +164,54 @@ class StepHostCore:
         context: tuple[str, str],
         steps: Sequence[StepStart],
         labels: Labels = UNKNOWN,
+        epoch: int = 0,
     ) -> int:
         """Persists RUNNING for the batch, starts every step, and returns how many started.
         Waits while the host is at capacity, which throttles the caller's start operations.
-        A step already running here is not started twice. `labels` are the job's metric tags."""
+        A step already running here is not started twice. `labels` are the job's metric tags.
+        A start of an activation older than one that asked this host already (`epoch`) is
+        refused with `StaleActivationError`, also after waiting for room."""
+        self._see_epoch(job_id, epoch)
         self._hold(job_id)
         self.job_labels[job_id] = labels
         try:
-            return await self._start_steps(job_id, self.tenant(job_id, context), steps)
+            return await self._start_steps(job_id, self.tenant(job_id, context), steps, epoch)
         finally:
             self._release(job_id)
 
-    async def _start_steps(self, job_id: str, tenant: Tenant, steps: Sequence[StepStart]) -> int:
+    def _see_epoch(self, job_id: str, epoch: int, refuse: bool = True) -> bool:
+        """Learns the job's newest activation epoch (0: unknown, ignored): True when it is
+        newer than any before. Raises `StaleActivationError` for an older one when `refuse`."""
+        known = self.epochs.get(job_id, 0)
+        if epoch < known and epoch:
+            if refuse:
+                raise StaleActivationError(
+                    f"job {job_id}: activation epoch {epoch} is older than {known}, which asked "
+                    "this host already: its start is refused"
+                )
+            return False
+        if epoch <= known:
+            return False
+        self.epochs[job_id] = epoch
+        self.epochs.move_to_end(job_id)
+        if len(self.epochs) > EPOCHS_KEPT:
+            self.epochs.popitem(last=False)
+        return True
+
+    async def _start_steps(
+        self, job_id: str, tenant: Tenant, steps: Sequence[StepStart], epoch: int
+    ) -> int:
         fence = self.fences[job_id]
         async with self._room:
             await self._room.wait_for(
                 lambda: (
                     self.fences[job_id] != fence
+                    or self.epochs.get(job_id, 0) > epoch > 0
                     or not self.running
                     or len(self.running) + len(steps) <= self.capacity
                 )
             )
+            self._see_epoch(job_id, epoch)  # a newer activation asked while this one waited
             if self.fences[job_id] != fence:
                 raise RuntimeError(
                     f"job {job_id} reactivated while {len(steps)} of its steps waited for room "
@@ -420,7 +454,7 @@ class StepHostCore:
                 told += 1
         return told
 
-    async def running_steps(self, job_id: str, fence: bool = False) -> list[str]:
+    async def running_steps(self, job_id: str, fence: bool = False, epoch: int = 0) -> list[str]:
         """The job's steps running here (a first attempt whose RUNNING write is not stored
         yet too; a later attempt waiting for that write not yet).
 
@@ -430,7 +464,11 @@ class StepHostCore:
         stored, and any outcome stored is of a step not listed. The job's starts still waiting
         for room are refused, and the answer waits for the writes in flight: outcomes, and
         later attempts' RUNNING (stored, the steps run and are listed; failed, they never run).
-        Else a write landing between the job's reads could be counted twice or not at all."""
+        Else a write landing between the job's reads could be counted twice or not at all.
+        The host learns the activation's `epoch`: older activations' starts are refused."""
+        if self._see_epoch(job_id, epoch, refuse=False):
+            async with self._room:  # the older activation's starts waiting for room are refused
+                self._room.notify_all()
         if fence and job_id in self.holds:
             self.fences[job_id] += 1
             async with self._room:
@@ -609,20 +647,21 @@ class StepHost:
         context: tuple[str, str],
         steps: bytes | list[StartWire],
         labels: tuple[str, str, str] | None = None,
+        epoch: int = 0,
     ) -> tuple[int, str]:
         """How many steps started, and this host's incarnation (what the job watches).
         `labels` (scope, namespace, job type) tag what the host records of the job; a job
         actor of an earlier release sends none."""
         job_labels = UNKNOWN if labels is None else Labels(*labels)
         starts = starts_from_wire(steps)
-        started = await self.core.start_steps(job_id, context, starts, job_labels)
+        started = await self.core.start_steps(job_id, context, starts, job_labels, epoch)
         return started, self.core.incarnation
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)
 
-    async def running_steps(self, job_id: str, fence: bool = False) -> list[str]:
-        return await self.core.running_steps(job_id, fence)
+    async def running_steps(self, job_id: str, fence: bool = False, epoch: int = 0) -> list[str]:
+        return await self.core.running_steps(job_id, fence, epoch)
 
     async def lift_fence(self, job_id: str) -> None:
         await self.core.lift_fence(job_id)

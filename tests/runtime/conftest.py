@@ -18,7 +18,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
-from choreography_ray.client import settled
+from choreography_ray.core.stopping import settled
 from choreography_ray.storage import Storage
 from tests.support import RAY_NAMESPACE, in_storage
 

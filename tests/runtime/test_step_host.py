@@ -295,6 +295,35 @@ def test_fence__refuses_a_start_still_waiting_for_room(ray_cluster, storage_url)
 
 
 @pytest.mark.timeout(120)
+def test_epochs__a_start_of_an_older_activation_is_refused_once_a_newer_one_asked(
+    ray_cluster, storage_url
+) -> None:  # type: ignore[no-untyped-def]
+    """Once an activation of a newer epoch has asked the host (a read of the job's steps), a
+    start of an older activation is refused, also one that waited for room meanwhile; the
+    newer activation's starts run."""
+    host, job_id, context = host_with_failed_steps(storage_url, capacity=1)
+    labels = ("unit", "epochs", "job")
+    try:
+        started = host.start_steps.remote(job_id, context, starts("a", 2), labels, 5)
+        assert ray.get(started, timeout=WAIT)[0] == 1
+        waiting = host.start_steps.remote(job_id, context, starts("b", 2), labels, 5)
+
+        assert ray.get(host.running_steps.remote(job_id, False, 6), timeout=WAIT) == ["a"]
+        with pytest.raises(ray.exceptions.RayTaskError, match="StaleActivationError"):
+            ray.get(waiting, timeout=WAIT)
+        late = host.start_steps.remote(job_id, context, starts("b", 2), labels, 5)
+        with pytest.raises(ray.exceptions.RayTaskError, match="epoch 5 is older than 6"):
+            ray.get(late, timeout=WAIT)
+        assert stored(storage_url, job_id, "b") == (cr.StepStatus.FAILED, 1)
+
+        newer = host.start_steps.remote(job_id, context, starts("b", 2), labels, 6)
+        ray.get(host.cancel_steps.remote(job_id), timeout=WAIT)
+        assert ray.get(newer, timeout=WAIT)[0] == 1
+    finally:
+        ray.kill(host)
+
+
+@pytest.mark.timeout(120)
 def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, storage_url) -> None:  # type: ignore[no-untyped-def]
     """While a resuming job reads storage nothing of it changes there: a step that ends under
     the fence (here it succeeds once told to stop) stays running here and unwritten, and is

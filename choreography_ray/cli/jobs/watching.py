@@ -44,7 +44,7 @@ from choreography_ray.cli.jobs.reading import (
     read_job,
     where,
 )
-from choreography_ray.client import settled
+from choreography_ray.core.stopping import settled
 from choreography_ray.model import JobState
 from choreography_ray.storage import Storage
 

@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.metrics import Counter, Histogram, Labels
-from choreography_ray.errors import StepHostUnknownError, StorageError, StorageUnavailableError
+from choreography_ray.errors import (
+    StaleActivationError,
+    StepHostUnknownError,
+    StorageError,
+    StorageUnavailableError,
+)
 from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
@@ -109,6 +114,10 @@ class FakeHosts:
         self.restart_after_answer = 0
         #: Per job, how many fenced `running` calls were made (see `StepHostCore.fences`).
         self.fences: dict[str, int] = {}
+        #: Per job, the newest activation epoch that asked (see `StepHostCore.epochs`).
+        self.epochs: dict[str, int] = {}
+        #: Every start operation a host refused for its older epoch, as (epoch, batch).
+        self.stale: list[tuple[int, list[StepStart]]] = []
         #: The jobs whose fence is up, each with the event its lifting sets.
         self.fenced: dict[str, asyncio.Event] = {}
         #: When set, a host stores a lease with each RUNNING write: silo `NODE`, activation the
@@ -128,13 +137,13 @@ class FakeHosts:
         return host
 
     async def start(
-        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels
+        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
     ) -> str:
         """A start operation, once sent, runs on its host even when the activation that sent
         it is gone (its caller cancelled)."""
         self.calls.append((host, list(batch)))
         self.labels.append(labels)
-        on_host = asyncio.ensure_future(self._start(host, job_id, batch))
+        on_host = asyncio.ensure_future(self._start(host, job_id, batch, epoch))
         on_host.add_done_callback(lambda done: done.cancelled() or done.exception())
         await asyncio.shield(on_host)
         incarnation = self.incarnation(host)
@@ -143,13 +152,15 @@ class FakeHosts:
             self.restart(host)
         return incarnation
 
-    async def _start(self, host: str, job_id: str, batch: Sequence[StepStart]) -> None:
+    async def _start(self, host: str, job_id: str, batch: Sequence[StepStart], epoch: int) -> None:
         self.in_flight += len(batch)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         fence = self.fences.get(job_id, 0)
         try:
+            self._see_epoch(job_id, epoch, batch)
             if self.start_gate is not None:
                 await self.start_gate.wait()
+            self._see_epoch(job_id, epoch, batch)
             if self.fences.get(job_id, 0) != fence:
                 raise RuntimeError(f"job {job_id} reactivated while this start waited")
             if host in self.dead:
@@ -195,7 +206,16 @@ class FakeHosts:
                 run.cancelled = True
                 run.removing = run.removing or removing
 
-    async def running(self, job_id: str, fence: bool = False) -> dict[str, str]:
+    def _see_epoch(self, job_id: str, epoch: int, batch: Sequence[StepStart] = ()) -> None:
+        """As a real host: learns the newest epoch; refuses a start of an older one."""
+        known = self.epochs.get(job_id, 0)
+        if epoch and epoch < known and batch:
+            self.stale.append((epoch, list(batch)))
+            raise StaleActivationError(f"epoch {epoch} is older than {known}")
+        self.epochs[job_id] = max(known, epoch)
+
+    async def running(self, job_id: str, fence: bool = False, epoch: int = 0) -> dict[str, str]:
+        self._see_epoch(job_id, epoch)
         if fence:
             self.fences[job_id] = self.fences.get(job_id, 0) + 1
             self.fenced.setdefault(job_id, asyncio.Event())

@@ -495,3 +495,76 @@ def test_resume__a_host_that_does_not_answer_fails_it_and_lifts_the_fence(
         assert (await h.stored()).status is JobStatus.RUNNING
 
     activations.run(scenario)
+
+
+def test_epochs__a_start_of_an_older_activation_is_refused_once_a_newer_one_asked(
+    activations: Activations,
+) -> None:
+    """The actor restarts while its old activation still runs (a zombie, or its start still on
+    the way): the new activation takes the next epoch, and the hosts it asked refuse the old
+    one's starts, so a step is not started by both."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), max_active_steps_per_job=1)
+        await h.c.start()
+        old = h.c
+        assert h.hosts.running_ids() == {"000000"}  # 000001 waits for the window
+
+        new = await h.activate(reconstructed=True)
+        assert new.epoch > old.epoch > 0
+        first = await h.hosts.finish("000000")  # reported to the new activation
+        await old.report_outcomes([first])  # and heard by the old one, which fills its window
+        await old._pump()
+        await h.settle()
+
+        assert [s.step_id for _epoch, batch in h.hosts.stale for s in batch] == ["000001"]
+        assert [s.step_id for s in h.hosts.started].count("000001") == 1
+        assert await h.all_succeed() == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
+
+    activations.run(scenario)
+
+
+def test_epochs__each_activation_takes_a_newer_one_with_a_conditional_write(
+    activations: Activations,
+) -> None:
+    """An activation of a job not at rest takes its epoch as it loads (the version of its first
+    save); one of a job at rest takes one only when an operation reopens the job."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]))
+        assert h.c.epoch == (await h.stored()).version
+        await h.c.start()
+        again = await h.activate(reconstructed=True)
+        assert again.epoch > h.activations[0].epoch
+        assert await h.all_succeed() == (JobStatus.COMPLETED_SUCCESSFULLY, 1)
+
+        at_rest = await h.activate()
+        assert at_rest.epoch == 0 and at_rest.mode is Mode.AT_REST
+
+    activations.run(scenario)
+
+
+def test_remove__finished_when_its_last_step_is_counted_from_storage_after_its_host_died(
+    activations: Activations,
+) -> None:
+    """A removal's last step: its host dies, and the job's STOPPED write for it lands but its
+    answer is lost. The loss is handled again and finds the stop stored: it counts it, and the
+    removal finishes there (found by exploring the storage-faults machine)."""
+
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await activations.new(StagedJob, Plan(sizes=[1]), storage=storage)
+        await h.c.start()
+        await h.c.remove()
+        storage.ack_lost("update_steps")
+        (host,) = {run.host for run in h.hosts.running_steps()}
+        h.hosts.kill(host)
+        # The loss is handled again (after 1 s): it counts the stop it finds stored.
+        await eventually(lambda: not h.c.window.runs, what="the stop counted")
+        await h.settle()
+        await h.c.watchdog_tick()
+
+        assert h.job_id not in h.storage.jobs
+        assert h.c.mode is Mode.REMOVED
+
+    activations.run(scenario)

@@ -37,8 +37,9 @@ from hypothesis.stateful import (
 )
 
 from choreography_ray.core.messages import Outcome
-from choreography_ray.core.mode import Mode
+from choreography_ray.core.mode import STOPPING, Mode
 from choreography_ray.core.retries import Backoff
+from choreography_ray.core.stopping import stop_owed
 from choreography_ray.core.window import RunState
 from choreography_ray.errors import JobOperationError, StartJobError, StorageError
 from choreography_ray.status import JobStatus, StepStatus
@@ -484,6 +485,28 @@ class JobMachine(RuleBasedStateMachine):
         by_state = Counter(run.state for run in window.runs.values())
         assert all(window.count(state) == by_state[state] for state in RunState), by_state
         assert window.in_flight() <= window.size or not core.live
+
+    @invariant()
+    def the_mode_agrees_with_the_status(self) -> None:
+        """The activation's mode and its job's status tell one story: it drives only a job
+        that prepares, starts or runs; it stops only a job stopped or being removed; it is at
+        rest only with a job ended or stopped for good."""
+        if self.h is None:
+            return
+        core = self.harness.c
+        state = core.state
+        if state is None or core.mode in (Mode.LOADING, Mode.RECOVERING, Mode.UNLOADED):
+            return
+        status, mode = state.status, core.mode
+        if core.live:
+            assert status.is_preparing or status is JobStatus.RUNNING, (mode, status)
+        if mode in STOPPING:
+            assert stop_owed(state), (mode, status)
+        if mode is Mode.AT_REST:
+            assert status.is_terminal or (status is JobStatus.STOPPED and state.stop_finalized), (
+                mode, status, state.stop_finalized,
+            )  # fmt: skip
+        assert (mode is Mode.OWES_STATUS) == (core.owed is not None), (mode, core.owed)
 
     @invariant()
     def no_step_runs_twice_at_once(self) -> None:
