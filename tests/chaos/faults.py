@@ -105,6 +105,10 @@ class ClientStats:
         self.ray_errors[name] = self.ray_errors.get(name, 0) + 1
 
 
+#: Tries of a cluster start after `restart_cluster` (`ChaosCluster.restart`).
+START_TRIES = 3
+
+
 class ChaosCluster:
     """One run's Ray cluster, connection and jobs manager."""
 
@@ -184,9 +188,20 @@ class ChaosCluster:
             self.cluster = None
 
     def restart(self) -> None:
+        """The whole cluster goes, and a new one starts on the same storage. Ray's own start-up
+        can time out on a busy machine ("the current node timed out during startup"): that is
+        not the system under test, so a start that fails is made again, START_TRIES times."""
         self.shutdown()
         self.restarts += 1
-        self.start()
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                self.start()
+                return
+            except Exception as error:
+                if attempt == START_TRIES:
+                    raise
+                self.log(f"starting the cluster again failed ({error}); try {attempt + 1}")
+                self.shutdown()
 
     @property
     def manager(self) -> cr.JobsManager:

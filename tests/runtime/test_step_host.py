@@ -124,13 +124,10 @@ def test_cancelled_error_after_stop__step_stopped(connect, scope) -> None:  # ty
 
     manager.stop(started.job_id)
 
-    state = eventually(
-        lambda: (s := manager.get(started.job_id)).progress.stopped_steps == 3 and s,
-        WAIT,
-        "3 steps counted as stopped",
-    )
-    assert state.status is cr.JobStatus.STOPPED
-    assert state.progress.failed_steps == 0
+    # The stop is final once every step reported it (not when the counts first say 3).
+    state = manager.wait(started.job_id, timeout=WAIT)
+    assert (state.status, state.stop_finalized) == (cr.JobStatus.STOPPED, True)
+    assert (state.progress.stopped_steps, state.progress.failed_steps) == (3, 0)
 
 
 @pytest.mark.timeout(180)
