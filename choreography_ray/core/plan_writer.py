@@ -131,11 +131,17 @@ async def persist_plan(a: JobCore, source: Iterable[Any] | AsyncIterable[Any]) -
     resume = a.job_state.resume_after
     if resume is not None:
         resume = await skip_checkpointed(a, stages, resume)
-    update = {"has_plan": True, "progress": stages.progress(), "stage": stages.first()}
-    a.state = a.job_state.model_copy(update={**update, "resume_after": resume})
-    a.stages = stages
-    await job_record.set_status(a, JobStatus.PREPARING_STEPS)
     stage = stages.first()
+    # The record says has_plan with the plan's totals (the progress a save writes is the
+    # stages'); when the save fails, the activation keeps the stages it had.
+    before, a.stages = a.stages, stages
+    try:
+        await job_record.set_status(
+            a, JobStatus.PREPARING_STEPS, has_plan=True, stage=stage, resume_after=resume
+        )
+    except BaseException:
+        a.stages = before
+        raise
     a.plan = {stage: first_run(kept, stage)}
     # A plan that ended within the kept chunks is whole in memory: nothing to read.
     a.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=offset == len(kept))
