@@ -40,8 +40,9 @@ async def fenced(a: JobCore) -> AsyncIterator[dict[str, str]]:
 async def host_lost(a: JobCore, host: str) -> None:
     """The incarnation of `host` that ran this activation's answered steps is gone: a step
     whose outcome it stored counts that; the others never report. A stopping job stores
-    them STOPPED; a running one starts them again (leases off) or leaves them to the lease
-    (on). Steps whose start is unanswered wait for their answer."""
+    them STOPPED (and finishes its stop when they were the last); a running one starts them
+    again (leases off) or leaves them to the lease (on); an activation that drives nothing yet
+    leaves them to its resume. Steps whose start is unanswered wait for their answer."""
     stage = a.job_state.stage
     lost_ids = {s.step_id for s in a.window.on_host(host)
                 if a.window.state_of(s.step_id) in RUNNING}  # fmt: skip

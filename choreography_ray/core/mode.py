@@ -51,6 +51,9 @@ class Mode(enum.StrEnum):
 
 #: The modes in which the activation drives its job (it may start steps).
 DRIVING = frozenset({Mode.PREPARING, Mode.RUNNING, Mode.AWAITING_ADMISSION, Mode.HOOK_OWED})
+#: The modes in which the activation starts steps now (not while it prepares or owes its
+#: resume hook).
+STEPPING = frozenset({Mode.RUNNING, Mode.AWAITING_ADMISSION})
 #: The modes of a stop or removal not final yet.
 STOPPING = frozenset({Mode.STOPPING, Mode.FINISHING_STOP})
 #: The modes in which calls and background turns are served.

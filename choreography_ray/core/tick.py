@@ -21,16 +21,13 @@ from choreography_ray.core import (
     stop_flow,
     stopping,
 )
-from choreography_ray.core.mode import STOPPING, Mode
+from choreography_ray.core.mode import STEPPING, STOPPING, Mode
 from choreography_ray.core.watchdog import stage_done_in_storage
 from choreography_ray.core.window import RunState
-from choreography_ray.logs import get_logger
 from choreography_ray.status import JobStatus
 
 if TYPE_CHECKING:
     from choreography_ray.core.job import JobCore
-
-log = get_logger(__name__)
 
 
 async def pump(a: JobCore) -> None:
@@ -41,7 +38,7 @@ async def pump(a: JobCore) -> None:
         return
     if a.timers.due("finish"):
         await stop_flow.finish_stop_when_reported(a)
-    if a.mode not in (Mode.RUNNING, Mode.AWAITING_ADMISSION):
+    if a.mode not in STEPPING:
         return
     if a.job_state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
         return
@@ -73,7 +70,7 @@ async def tick(a: JobCore) -> None:
     elif a.mode is Mode.HOOK_OWED:
         if a.hook_backoff.should_try():
             await resume_flow.run_resume_hook(a)
-    elif a.mode in (Mode.RUNNING, Mode.AWAITING_ADMISSION):
+    elif a.mode in STEPPING:
         await _running(a)
 
 
