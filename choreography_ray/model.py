@@ -201,6 +201,8 @@ class StepState(_Record):
     request: dict[str, Any] = Field(default_factory=dict)
     status_changes: tuple[StatusChange, ...] = ()
     updated: datetime = Field(default_factory=utcnow)
+    #: What its failure groups by (`failures.failure_signature`), while it is stored failed.
+    failure_signature: str | None = None
 
     @property
     def key(self) -> str:

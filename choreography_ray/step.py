@@ -19,20 +19,25 @@ A = TypeVar("A")
 
 
 class StepResult(BaseModel):
-    """What `perform` returns: `StepResult.succeeded()` or `StepResult.failed("why")`."""
+    """What `perform` returns: `StepResult.succeeded()` or `StepResult.failed("why")`.
+
+    A failure's `code`, when given, is its signature: the failed steps of a job group by it
+    (`manager.failures`), else by the message with its numbers, ids, paths and quoted values
+    masked."""
 
     model_config = ConfigDict(frozen=True)
 
     success: bool
     message: str | None = None
+    code: str | None = None
 
     @classmethod
     def succeeded(cls) -> StepResult:
         return _SUCCEEDED
 
     @classmethod
-    def failed(cls, message: str) -> StepResult:
-        return cls(success=False, message=message)
+    def failed(cls, message: str, code: str | None = None) -> StepResult:
+        return cls(success=False, message=message, code=code)
 
 
 _SUCCEEDED = StepResult(success=True)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from choreography_ray.core import host_watch, job_record, settling, stage_flow, stop_flow
-from choreography_ray.core.messages import Outcome, StepStart, describe
+from choreography_ray.core.messages import StepStart, describe, failed
 from choreography_ray.core.mode import STOPPING
 from choreography_ray.core.watchdog import stored_outcome
 from choreography_ray.core.window import RunState
@@ -76,7 +76,7 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
 
 
 async def cannot_start(a: JobCore, failures: list[tuple[StepStart, str]]) -> None:
-    outcomes = [Outcome(s.step_id, s.attempt, StepStatus.FAILED, why) for s, why in failures]
+    outcomes = [failed(s.step_id, s.attempt, StepStatus.FAILED, why) for s, why in failures]
     try:
         await settling.store_outcomes(a, outcomes)
     except Exception:

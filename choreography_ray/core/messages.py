@@ -15,12 +15,13 @@ import pickle
 from collections.abc import Iterable
 from typing import NamedTuple, TypeVar
 
+from choreography_ray.failures import failure_signature
 from choreography_ray.status import StepStatus
 
 #: A `StepStart` on the wire: (step_id, type, stage, attempt, request as JSON text).
 StartWire = tuple[str, str, int, int, str]
-#: An `Outcome` on the wire: (step_id, attempt, status value, message).
-OutcomeWire = tuple[str, int, str, str | None]
+#: An `Outcome` on the wire: (step_id, attempt, status value, message, signature).
+OutcomeWire = tuple[str, int, str, str | None, str | None]
 
 _Wire = TypeVar("_Wire", StartWire, OutcomeWire)
 
@@ -41,6 +42,15 @@ class Outcome(NamedTuple):
     attempt: int
     status: StepStatus
     message: str | None = None
+    #: A failure's signature (`failures.failure_signature`), stored with it.
+    signature: str | None = None
+
+
+def failed(
+    step_id: str, attempt: int, status: StepStatus, message: str | None, code: str | None = None
+) -> Outcome:
+    """A failure (FAILED or COMPLETED_WITH_FAILURE) with its signature."""
+    return Outcome(step_id, attempt, status, message, failure_signature(message, code))
 
 
 def starts_to_wire(starts: Iterable[StepStart]) -> bytes:
@@ -53,14 +63,14 @@ def starts_from_wire(wire: bytes | Iterable[StartWire]) -> list[StepStart]:
 
 
 def outcomes_to_wire(outcomes: Iterable[Outcome]) -> bytes:
-    return _pack([(o.step_id, o.attempt, o.status.value, o.message) for o in outcomes])
+    return _pack([(o.step_id, o.attempt, o.status.value, o.message, o.signature) for o in outcomes])
 
 
 def outcomes_from_wire(wire: bytes | Iterable[OutcomeWire]) -> list[Outcome]:
     new = tuple.__new__
     return [
-        new(Outcome, (step_id, attempt, _STATUSES[status], message))
-        for step_id, attempt, status, message in _unpack(wire)
+        new(Outcome, (step_id, attempt, _STATUSES[status], message, rest[0] if rest else None))
+        for step_id, attempt, status, message, *rest in _unpack(wire)
     ]
 
 

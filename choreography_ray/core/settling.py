@@ -85,6 +85,7 @@ async def store_outcomes(a: JobCore, outcomes: list[Outcome]) -> None:
                     status=o.status,
                     exception_messages=() if o.message is None else (o.message,),
                 ),
+                failure_signature=o.signature,
             )
             for o in outcomes
         ]

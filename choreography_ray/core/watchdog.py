@@ -61,7 +61,8 @@ def stored_outcome(start: StepStart, step: StepState | None) -> Outcome | None:
         return None
     changes = step.status_changes
     messages = changes[-1].exception_messages if changes else ()
-    return Outcome(step.step_id, step.attempt, step.status, messages[0] if messages else None)
+    message = messages[0] if messages else None
+    return Outcome(step.step_id, step.attempt, step.status, message, step.failure_signature)
 
 
 async def lost_reports(

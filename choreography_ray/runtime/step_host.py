@@ -38,7 +38,13 @@ from typing import Any
 import ray
 from pydantic import BaseModel
 
-from choreography_ray.core.messages import Outcome, StartWire, StepStart, starts_from_wire
+from choreography_ray.core.messages import (
+    Outcome,
+    StartWire,
+    StepStart,
+    failed,
+    starts_from_wire,
+)
 from choreography_ray.core.metrics import UNKNOWN, Histogram, Labels, WriteOperation
 from choreography_ray.core.retries import Backoff
 from choreography_ray.errors import StaleActivationError
@@ -389,7 +395,9 @@ class StepHostCore:
             else:
                 messages = () if o.message is None else (o.message,)
                 change = StatusChange(status=o.status, exception_messages=messages)
-                updates.append(StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change))
+                updates.append(
+                    StepUpdate(job_id, o.step_id, o.status, o.attempt, None, change, o.signature)
+                )
         labels = self.job_labels.get(job_id, UNKNOWN)
         tries = 0
         while True:
@@ -599,7 +607,7 @@ def _outcome(
 ) -> Outcome:
     limit = options.step_event_loop_block_limit.total_seconds()
     if driver is not None and limit > 0 and driver.longest_slice > limit:
-        return Outcome(
+        return failed(
             step.step_id,
             step.attempt,
             StepStatus.FAILED,
@@ -610,10 +618,10 @@ def _outcome(
         if stopping:
             return Outcome(step.step_id, step.attempt, StepStatus.STOPPED)
         if isinstance(error, asyncio.CancelledError):
-            return Outcome(step.step_id, step.attempt, StepStatus.FAILED, UNASKED_CANCEL)
-        return Outcome(step.step_id, step.attempt, StepStatus.FAILED, _describe(error))
+            return failed(step.step_id, step.attempt, StepStatus.FAILED, UNASKED_CANCEL)
+        return failed(step.step_id, step.attempt, StepStatus.FAILED, _describe(error))
     if not isinstance(result, StepResult):
-        return Outcome(
+        return failed(
             step.step_id,
             step.attempt,
             StepStatus.FAILED,
@@ -621,7 +629,8 @@ def _outcome(
         )
     if result.success:
         return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
-    return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_WITH_FAILURE, result.message)
+    status = StepStatus.COMPLETED_WITH_FAILURE
+    return failed(step.step_id, step.attempt, status, result.message, result.code)
 
 
 def _describe(error: BaseException) -> str:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from choreography_ray.failures import FailureCluster
 from choreography_ray.model import (
     JobsManagerKey,
     JobState,
@@ -64,7 +65,8 @@ class CountedKind(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class StepUpdate:
     """One step's new status in a bulk update. `lease=None` clears the lease; `change`, when
-    set, is appended to the step's status history."""
+    set, is appended to the step's status history; `failure_signature` is stored as given (a
+    failure's; None clears it)."""
 
     job_id: str
     step_id: str
@@ -72,6 +74,7 @@ class StepUpdate:
     attempt: int
     lease: Lease | None = None
     change: StatusChange | None = None
+    failure_signature: str | None = None
 
 
 class LeaseRenewal(NamedTuple):
@@ -274,6 +277,17 @@ class Storage(Protocol):
     ) -> list[StoredStart]:
         """The page `list_steps` reads, as what starting each step needs: the window's feed
         reads a large stage this way, a page at a time, without building records."""
+
+    async def list_failed(
+        self, job_id: str, signature: str, *, after: str | None = None, limit: int = 1000
+    ) -> list[StepState]:
+        """A page of the job's steps stored failed with `failure_signature` == `signature`, in
+        step-id order, those after `after`: read along the signature index."""
+
+    async def failure_clusters(self, job_id: str) -> list[FailureCluster]:
+        """The job's failed steps grouped by signature, most frequent first (then by
+        signature): one grouping query over the signature index, and one read by key per
+        cluster for its example."""
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         """Bulk status update, in one write. Steps that no longer exist, or whose stored attempt

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from choreography_ray.errors import ConcurrencyError, CorruptRecordError, DuplicateRecordError
+from choreography_ray.failures import FailureCluster, failure_cluster
 from choreography_ray.model import (
     SCHEMA_VERSION,
     JobsManagerKey,
@@ -218,6 +219,28 @@ class MemoryStorage:
         )
         return starts_of(page)
 
+    async def list_failed(
+        self, job_id: str, signature: str, *, after: str | None = None, limit: int = 1000
+    ) -> list[StepState]:
+        page: list[StepState] = []
+        while len(page) < limit:
+            steps = await self.list_steps(job_id, after=after, limit=limit)
+            page += [s for s in steps if s.failure_signature == signature]
+            if len(steps) < limit:
+                break
+            after = steps[-1].step_id
+        return page[:limit]
+
+    async def failure_clusters(self, job_id: str) -> list[FailureCluster]:
+        groups: dict[str, list[StepState]] = {}
+        for step in await self.list_steps(job_id, limit=len(self.steps.get(job_id, {}))):
+            if step.failure_signature is not None:
+                groups.setdefault(step.failure_signature, []).append(step)
+        return sorted(
+            (failure_cluster(signature, steps) for signature, steps in groups.items()),
+            key=lambda c: (-c.count, c.signature),
+        )
+
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         now = utcnow()
         for u in updates:
@@ -233,6 +256,7 @@ class MemoryStorage:
                     "lease": u.lease,
                     "status_changes": changes,
                     "updated": now,
+                    "failure_signature": u.failure_signature,
                 }
             )
 

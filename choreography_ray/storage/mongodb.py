@@ -93,6 +93,7 @@ from choreography_ray.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from choreography_ray.failures import FailureCluster
 from choreography_ray.model import (
     SCHEMA_VERSION,
     JobsManagerKey,
@@ -144,7 +145,12 @@ _INDEXES = {
     # The status indexes end in step_id, so a page of one status is read in step-id order from
     # the index (nx's SQLite planner otherwise walks (job_id, step_id) for the order, and reads
     # every step of the job for a status few have).
-    "job_steps": ["job_id status step_id", "job_id stage status step_id", "job_id step_id"],
+    "job_steps": [
+        "job_id status step_id",
+        "job_id stage status step_id",
+        "job_id step_id",
+        "job_id failure_signature step_id",
+    ],
     "job_counted_steps": ["job_id kind step_id"],
 }
 #: Indexes of earlier releases that one above replaces: dropped where found, so that writes do
@@ -318,6 +324,46 @@ def _count_by_status(db: Database[Doc], job_id: str) -> StatusCounts:
             return counts
     reason = f"{missed} records of an unknown status"
     raise CorruptRecordError("job_steps", f"{job_id}/*", reason)
+
+
+def _failure_clusters(db: Database[Doc], job_id: str) -> list[FailureCluster]:
+    """One `$group` over the job's failed steps, then each cluster's example by key. mongod
+    reads the steps along the (job_id, failure_signature) index; nx groups in Python (module
+    docstring)."""
+    match = {"job_id": {"$eq": job_id}, "failure_signature": {"$type": "string"}}
+    group = {
+        "_id": "$failure_signature",
+        "count": {"$sum": 1},
+        "first_seen": {"$min": "$updated"},
+        "last_seen": {"$max": "$updated"},
+        "example": {"$min": "$step_id"},
+    }
+    rows = list(db.job_steps.aggregate([{"$match": match}, {"$group": group}]))
+    keys = [step_key(job_id, str(row["example"])) for row in rows]
+    examples = {
+        str(doc["_id"]): _parse(StepState, "job_steps", doc)
+        for chunk in chunks(keys, IDS_PER_WRITE)
+        for doc in db.job_steps.find({"_id": {"$in": chunk}})
+    }
+    clusters = []
+    for row, key in zip(rows, keys, strict=True):
+        example = examples.get(key)
+        changes = () if example is None else example.status_changes
+        messages = changes[-1].exception_messages if changes else ()
+        try:
+            clusters.append(
+                FailureCluster(
+                    signature=row["_id"],
+                    count=row["count"],
+                    first_seen=row["first_seen"],
+                    last_seen=row["last_seen"],
+                    example_step_id=str(row["example"]),
+                    example_message=messages[0] if messages else None,
+                )
+            )
+        except ValidationError as exc:
+            raise CorruptRecordError("job_steps", f"{job_id}/*", str(exc)) from exc
+    return sorted(clusters, key=lambda c: (-c.count, c.signature))
 
 
 def _counted_id(job_id: str, kind: CountedKind, step_id: str) -> str:
@@ -579,19 +625,38 @@ class MongoStorage:
         )
         return starts_of(page)
 
+    async def list_failed(
+        self, job_id: str, signature: str, *, after: str | None = None, limit: int = 1000
+    ) -> list[StepState]:
+        query = _equal(job_id=job_id, failure_signature=signature)
+        if after is not None:
+            query["step_id"] = {"$gt": after}
+        docs = await self._run(
+            lambda db: list(db.job_steps.find(query).sort("step_id").limit(limit))
+        )
+        return [_parse(StepState, "job_steps", doc) for doc in docs]
+
+    async def failure_clusters(self, job_id: str) -> list[FailureCluster]:
+        return await self._run(lambda db: _failure_clusters(db, job_id))
+
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         now = _encode(utcnow())
         # A start batch's RUNNING writes share their lease and change objects: such updates
         # are one `UpdateMany` per `IDS_PER_WRITE` ids, encoded once.
-        groups: dict[tuple[StepStatus, int, int, int], tuple[StepUpdate, list[str]]] = {}
+        groups: dict[tuple[object, ...], tuple[StepUpdate, list[str]]] = {}
         for u in updates:
             key = step_key(u.job_id, u.step_id)
-            group = groups.setdefault((u.status, u.attempt, id(u.lease), id(u.change)), (u, []))
-            group[1].append(key)
+            shared = (u.status, u.attempt, id(u.lease), id(u.change), u.failure_signature)
+            groups.setdefault(shared, (u, []))[1].append(key)
         writes: list[UpdateOne | UpdateMany] = []
         for u, keys in groups.values():
             lease = None if u.lease is None else _encode(u.lease.model_dump())
-            fields = {"status": u.status.value, "attempt": u.attempt, "lease": lease}
+            fields = {
+                "status": u.status.value,
+                "attempt": u.attempt,
+                "lease": lease,
+                "failure_signature": u.failure_signature,
+            }
             change: Doc = {"$set": {**fields, "updated": now}}
             if u.change is not None:
                 change["$push"] = {"status_changes": u.change.model_dump_json()}

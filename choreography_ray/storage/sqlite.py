@@ -86,6 +86,7 @@ from choreography_ray.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from choreography_ray.failures import FailureCluster
 from choreography_ray.model import (
     FIRST_SCHEMA_VERSION,
     SCHEMA_VERSION,
@@ -140,7 +141,8 @@ CREATE TABLE IF NOT EXISTS job_steps (
     job_id TEXT NOT NULL, step_id TEXT NOT NULL, type TEXT NOT NULL, stage INTEGER NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, lease TEXT, is_prepared INTEGER NOT NULL,
     request TEXT NOT NULL, status_changes TEXT NOT NULL, updated TEXT NOT NULL,
-    schema_version INTEGER NOT NULL, PRIMARY KEY (job_id, step_id)) WITHOUT ROWID;
+    schema_version INTEGER NOT NULL, failure_signature TEXT,
+    PRIMARY KEY (job_id, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_numbers (
     job_no INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS job_counted_steps (
@@ -156,6 +158,8 @@ CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
 CREATE INDEX IF NOT EXISTS jobs_cleanup ON jobs (scope, namespace, status, status_since, id);
 CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
+CREATE INDEX IF NOT EXISTS job_steps_job_signature ON job_steps (job_id, failure_signature)
+    WHERE failure_signature IS NOT NULL;
 """
 #: The columns a file of an older release may lack, with what they read as on its rows: the
 #: field's default in `JobState` / `StepState` (a record without a version is version 1).
@@ -176,6 +180,7 @@ _ADDED_COLUMNS = {
         "lease": "TEXT",
         "is_prepared": "INTEGER NOT NULL DEFAULT 1",
         "schema_version": f"INTEGER NOT NULL DEFAULT {FIRST_SCHEMA_VERSION}",
+        "failure_signature": "TEXT",
     },
 }
 
@@ -188,7 +193,7 @@ _JOB_COLUMNS = (
 _JOB_WRITTEN = (*_JOB_COLUMNS, "status_since")
 _STEP_COLUMNS = (
     "job_id", "step_id", "type", "stage", "status", "attempt", "lease", "is_prepared", "request",
-    "status_changes", "updated", "schema_version",
+    "status_changes", "updated", "schema_version", "failure_signature",
 )  # fmt: skip
 _JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease", "resume_after"})
 _JOB_FIELDS = ", ".join(_JOB_COLUMNS)
@@ -208,7 +213,7 @@ _INSERT_STEP = f"INSERT INTO job_steps VALUES ({', '.join('?' * len(_STEP_COLUMN
 _INSERT_PLAN = f"""INSERT INTO job_steps ({", ".join(_STEP_COLUMNS)})
     SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
            json_extract(value, '$[2]'), '{StepStatus.SCHEDULED.value}', 0, NULL, 1,
-           json_extract(value, '$[3]'), '[]', ?2, {SCHEMA_VERSION}
+           json_extract(value, '$[3]'), '[]', ?2, {SCHEMA_VERSION}, NULL
     FROM json_each(?3)"""
 #: One statement for a batch: SQLite reads the ids in C, without taking the GIL back per row
 #: (an `executemany` does, and waits for it whenever the event loop's thread is busy).
@@ -216,8 +221,19 @@ _DELETE_STEPS = """DELETE FROM job_steps
     WHERE job_id = ?1 AND step_id IN (SELECT value FROM json_each(?2))"""
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
     status_changes = CASE WHEN ?5 IS NULL THEN status_changes
-                          ELSE json_insert(status_changes, '$[#]', json(?5)) END
+                          ELSE json_insert(status_changes, '$[#]', json(?5)) END,
+    failure_signature = ?8
     WHERE job_id = ?6 AND step_id = ?7 AND attempt <= ?2"""
+_SIGNATURE_INDEX = "job_steps_job_signature"
+#: A job's failures by signature, through the signature index (partial: failed steps only),
+#: most frequent first; the example is the cluster's first step by id, its record read by key.
+_CLUSTERS = """SELECT g.*, (SELECT status_changes FROM job_steps AS e
+                     WHERE e.job_id = ?1 AND e.step_id = g.example)
+    FROM (SELECT failure_signature, COUNT(*) AS n, MIN(updated), MAX(updated),
+                 MIN(step_id) AS example
+          FROM job_steps{hint} WHERE job_id = ?1 AND failure_signature IS NOT NULL
+          GROUP BY failure_signature) AS g
+    ORDER BY g.n DESC, g.failure_signature"""
 _RENEW_LEASE = """UPDATE job_steps SET lease = ?1, updated = ?2
     WHERE job_id = ?3 AND step_id = ?4 AND status = ?5 AND attempt = ?6"""
 
@@ -386,6 +402,24 @@ class SqliteStorage:
             return []
         sql, args = page
         return [_start(row) for row in await self._query(sql, *args)]
+
+    async def list_failed(
+        self, job_id: str, signature: str, *, after: str | None = None, limit: int = 1000
+    ) -> list[StepState]:
+        where = "job_id = ? AND failure_signature = ?"
+        args: list[object] = [job_id, signature]
+        if after is not None:
+            where, args = f"{where} AND step_id > ?", [*args, after]
+        sql = f"{_STEP_SELECT}{self._hint(_SIGNATURE_INDEX)} WHERE {where} ORDER BY step_id LIMIT ?"
+        return [_step(row) for row in await self._query(sql, *args, limit)]
+
+    async def failure_clusters(self, job_id: str) -> list[FailureCluster]:
+        sql = _CLUSTERS.format(hint=self._hint(_SIGNATURE_INDEX))
+        return [_cluster(job_id, row) for row in await self._query(sql, job_id)]
+
+    def _hint(self, index: str) -> str:
+        """Names the index, but on a read-only file, which may be of a release without it."""
+        return "" if self.read_only else f" INDEXED BY {index}"
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         if updates:
@@ -771,7 +805,7 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
             None if s.lease is None else to_json(s.lease).decode(), s.is_prepared,
             to_json(s.request).decode() if s.request else "{}",
             to_json(s.status_changes).decode() if s.status_changes else "[]",
-            when, SCHEMA_VERSION,
+            when, SCHEMA_VERSION, s.failure_signature,
         )
         for s, when in zip(steps, updated, strict=True)
     ]  # fmt: skip
@@ -831,7 +865,16 @@ def _update_rows(updates: Sequence[StepUpdate]) -> list[tuple[Any, ...]]:
         return texts[key]
 
     return [
-        (u.status.value, u.attempt, text(u.lease), now, text(u.change), u.job_id, u.step_id)
+        (
+            u.status.value,
+            u.attempt,
+            text(u.lease),
+            now,
+            text(u.change),
+            u.job_id,
+            u.step_id,
+            u.failure_signature,
+        )
         for u in updates
     ]
 
@@ -894,6 +937,23 @@ def _start(row: Sequence[Any]) -> StoredStart:
     if known is None:
         raise CorruptRecordError("job_steps", f"{job_id}/{step_id}", f"unknown status {status!r}")
     return StoredStart(step_id, step_type, stage, known, attempt, request)
+
+
+def _cluster(job_id: str, row: Sequence[Any]) -> FailureCluster:
+    signature, count, first, last, step_id, changes = row
+    try:
+        history = json.loads(changes or "[]")
+        messages = history[-1].get("exception_messages") if history else None
+        return FailureCluster(
+            signature=signature,
+            count=count,
+            first_seen=first,
+            last_seen=last,
+            example_step_id=step_id,
+            example_message=messages[0] if messages else None,
+        )
+    except (ValueError, TypeError, AttributeError, ValidationError) as exc:
+        raise CorruptRecordError("job_steps", f"{job_id}/{step_id}", str(exc)) from exc
 
 
 def _step(row: Sequence[Any]) -> StepState:

@@ -25,6 +25,7 @@ from choreography_ray.errors import (
     DuplicateRecordError,
     StorageUnavailableError,
 )
+from choreography_ray.failures import failure_signature
 from choreography_ray.model import (
     JobProgress,
     JobsManagerKey,
@@ -550,6 +551,62 @@ async def test_update_steps__an_earlier_attempts_outcome_never_overwrites_a_late
 
     stored = await storage.get_step("j1", "s1")
     assert stored is not None and (stored.status, stored.attempt) == (FAILED, 2)
+
+
+def failure(job_id: str, step_id: str, message: str, attempt: int = 1) -> StepUpdate:
+    change = StatusChange(status=FAILED, exception_messages=(message,))
+    return StepUpdate(job_id, step_id, FAILED, attempt, None, change, failure_signature(message))
+
+
+async def test_failure_clusters__group_a_jobs_failed_steps_by_signature_most_frequent_first(
+    storage: Storage,
+) -> None:
+    await storage.insert_steps([step("j1", f"s{i}") for i in range(7)] + [step("j2", "s0")])
+    await storage.update_steps(
+        [
+            failure("j1", "s4", "KeyError: 'doc-4'"),
+            failure("j1", "s1", "KeyError: 'doc-1'"),
+            failure("j1", "s2", "TimeoutError: after 30 s"),
+            failure("j1", "s5", "KeyError: 'doc-5'"),
+            failure("j1", "s3", "TimeoutError: after 31 s"),
+            failure("j1", "s6", "ValueError: bad row 6"),
+            failure("j2", "s0", "KeyError: 'doc-0'"),
+        ]
+    )
+    # A failed step that runs again leaves its cluster.
+    await storage.update_steps([StepUpdate("j1", "s6", RUNNING, 2, lease=lease())])
+
+    clusters = await storage.failure_clusters("j1")
+
+    assert [(c.signature, c.count, c.example_step_id) for c in clusters] == [
+        ("KeyError: '<v>'", 3, "s1"),
+        ("TimeoutError: after <n> s", 2, "s2"),
+    ]
+    assert [c.example_message for c in clusters] == [
+        "KeyError: 'doc-1'",
+        "TimeoutError: after 30 s",
+    ]
+    stored = [await storage.get_step("j1", f"s{i}") for i in range(1, 6)]
+    times = [s.updated for s in stored if s is not None]
+    assert clusters[0].first_seen >= min(times) and clusters[0].last_seen <= max(times)
+    assert clusters[0].first_seen <= clusters[0].last_seen
+    assert (await storage.get_step("j1", "s6")).failure_signature is None  # type: ignore[union-attr]
+    assert await storage.failure_clusters("missing") == []
+
+
+async def test_list_failed__pages_one_signature_in_step_id_order(storage: Storage) -> None:
+    await storage.insert_steps([step("j1", f"s{i}") for i in range(6)])
+    await storage.update_steps(
+        [failure("j1", f"s{i}", f"KeyError: 'doc-{i}'" if i % 2 else "boom") for i in range(6)]
+    )
+
+    first = await storage.list_failed("j1", "KeyError: '<v>'", limit=2)
+    rest = await storage.list_failed("j1", "KeyError: '<v>'", after=first[-1].step_id)
+
+    assert [s.step_id for s in first] == ["s1", "s3"]
+    assert [s.step_id for s in rest] == ["s5"]
+    assert {s.failure_signature for s in first + rest} == {"KeyError: '<v>'"}
+    assert await storage.list_failed("j1", "nothing like it") == []
 
 
 async def test_renew_leases__renews_only_steps_still_running_at_the_attempt(
