@@ -30,6 +30,7 @@ from choreography_ray.errors import (
     TypeImportError,
     UnsupportedSchemaError,
 )
+from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job, StepSpec
 from choreography_ray.model import (
     JobProgress,
@@ -76,6 +77,7 @@ __all__ = [
     "DeadLetterStatus",
     "DuplicateRecordError",
     "Every",
+    "FailureCluster",
     "IllegalTransitionError",
     "InvalidRequestError",
     "Job",

@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +36,7 @@ from choreography_ray.errors import (
     JobTimeoutError,
     StartJobError,
 )
+from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job
 from choreography_ray.model import JobState, StepState
 from choreography_ray.options import JobsOptions
@@ -262,9 +263,22 @@ class AsyncJobsManager:
     async def remove(self, job_id: str) -> None:
         await self._call("operate", job_id, "remove")
 
-    async def retry_failed_steps(self, job_id: str) -> int:
-        count: int = await self._call("operate", job_id, "retry_failed_steps")
+    async def retry_failed_steps(
+        self,
+        job_id: str,
+        signature: str | None = None,
+        step_ids: Iterable[str] | None = None,
+    ) -> int:
+        """Runs the job's failed steps again: all, those of a failure `signature`, or those
+        among `step_ids` (both: those of the signature among them). Returns how many."""
+        ids = None if step_ids is None else builtins.list(step_ids)
+        count: int = await self._call("operate", job_id, "retry_failed_steps", signature, ids)
         return count
+
+    async def failures(self, job_id: str) -> builtins.list[FailureCluster]:
+        """The job's failed steps grouped by failure signature, most frequent first."""
+        clusters: builtins.list[FailureCluster] = await self._call("failures", job_id)
+        return clusters
 
     async def rehydrate(self) -> builtins.list[str]:
         """Loads the interrupted jobs and returns their ids; they resume in the background."""
@@ -307,8 +321,16 @@ class JobsManager:
     def remove(self, job_id: str) -> None:
         self._run(self._inner.remove(job_id))
 
-    def retry_failed_steps(self, job_id: str) -> int:
-        return self._run(self._inner.retry_failed_steps(job_id))
+    def retry_failed_steps(
+        self,
+        job_id: str,
+        signature: str | None = None,
+        step_ids: Iterable[str] | None = None,
+    ) -> int:
+        return self._run(self._inner.retry_failed_steps(job_id, signature, step_ids))
+
+    def failures(self, job_id: str) -> builtins.list[FailureCluster]:
+        return self._run(self._inner.failures(job_id))
 
     def rehydrate(self) -> builtins.list[str]:
         return self._run(self._inner.rehydrate())

@@ -89,6 +89,12 @@ class Job(Generic[RequestT]):
     def get_failure_behavior_for(self, stage: int) -> JobStageFailureBehavior:
         return JobStageFailureBehavior.STOP_JOB
 
+    def get_min_success_ratio(self, stage: int) -> float | None:
+        """A share of the stage's steps (0 to 1): when at least that many succeeded, the next
+        stage starts, failures or not; below it the stage is a barrier (its failures stop the
+        job). None: `get_failure_behavior_for` decides."""
+        return None
+
     def should_retry_step(self, step_id: str, result: StepResult, attempt: int) -> bool:
         return True
 

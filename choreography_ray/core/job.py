@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from choreography_ray.core import (
@@ -353,10 +353,12 @@ class JobCore:
         async with self.turns.turn("recover"):
             await resume_flow.recover(self)
 
-    async def retry_failed_steps(self) -> int:
+    async def retry_failed_steps(
+        self, signature: str | None = None, step_ids: Collection[str] | None = None
+    ) -> int:
         await self.ready()
         async with self.turns.turn("retry failed steps"):
-            return await resume_flow.retry_failed(self)
+            return await resume_flow.retry_failed(self, signature, step_ids)
 
     # -- the watchdog -------------------------------------------------------------------------
 

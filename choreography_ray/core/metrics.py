@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Awaitable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from choreography_ray.model import JobState
@@ -45,6 +45,9 @@ class Counter(enum.StrEnum):
     OUTCOME_DELIVERIES_RETRIED = "choreography_outcome_deliveries_retried"
     #: Jobs a jobs manager's rehydration resumed (or whose stop it finished).
     REHYDRATIONS = "choreography_rehydrations"
+    #: `STEPS_FAILED` by failure signature (the tag `signature`; `BoundedTags` keeps its
+    #: values few).
+    STEP_FAILURES = "choreography_step_failures"
 
 
 class Histogram(enum.StrEnum):
@@ -58,6 +61,12 @@ class Histogram(enum.StrEnum):
 
 #: The tag each histogram has beside the labels.
 HISTOGRAM_TAG = {Histogram.STORAGE_WRITE_SECONDS: "operation", Histogram.BATCH_SIZE: "kind"}
+#: The counters that have a tag beside the labels, and its name.
+COUNTER_TAG = {Counter.STEP_FAILURES: "signature"}
+#: Values of a counter's tag per (counter, labels) before the others are recorded as
+#: `OTHER_TAG`: a job type with thousands of distinct failures keeps a few series.
+MAX_TAG_VALUES = 20
+OTHER_TAG = "other"
 
 #: The gauge of jobs by status, with the tag `status` beside the labels.
 JOBS_GAUGE = "choreography_jobs"
@@ -119,8 +128,9 @@ class Metrics(Protocol):
     #: False for the no-op port: callers skip work done only to record (timing a write).
     enabled: bool
 
-    def count(self, counter: Counter, value: int, labels: Labels) -> None:
-        """Adds `value` (> 0; 0 is skipped) to the counter."""
+    def count(self, counter: Counter, value: int, labels: Labels, tag: str = "") -> None:
+        """Adds `value` (> 0; 0 is skipped) to the counter; `tag` is the value of its
+        `COUNTER_TAG`, for a counter that has one."""
 
     def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
         """One observation; `tag` is the value of the histogram's `HISTOGRAM_TAG`."""
@@ -134,7 +144,7 @@ class NoMetrics:
 
     enabled = False
 
-    def count(self, counter: Counter, value: int, labels: Labels) -> None:
+    def count(self, counter: Counter, value: int, labels: Labels, tag: str = "") -> None:
         return None
 
     def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
@@ -157,6 +167,12 @@ class Tally:
     retried: int = 0
     restarted_by_lease: int = 0
     stopped: int = 0
+    #: The failures among `failed`, by signature.
+    signatures: dict[str, int] = field(default_factory=dict)
+
+    def failure(self, signature: str) -> None:
+        self.failed += 1
+        self.signatures[signature] = self.signatures.get(signature, 0) + 1
 
     def record(self, metrics: Metrics, labels: Labels) -> None:
         """Records each count that moved, once, and starts again from zero."""
@@ -165,6 +181,28 @@ class Tally:
             if value:
                 setattr(self, name, 0)
                 metrics.count(counter, value, labels)
+        signatures, self.signatures = self.signatures, {}
+        for signature, value in signatures.items():
+            metrics.count(Counter.STEP_FAILURES, value, labels, signature)
+
+
+class BoundedTags:
+    """The first `MAX_TAG_VALUES` values of a counter's tag per (counter, labels) are recorded
+    as they are, later ones as `OTHER_TAG`: what keeps a tag made from data (a failure
+    signature) from making a series per step."""
+
+    def __init__(self, limit: int = MAX_TAG_VALUES) -> None:
+        self.limit = limit
+        self._seen: dict[tuple[str, Labels], set[str]] = {}
+
+    def __call__(self, counter: str, labels: Labels, tag: str) -> str:
+        seen = self._seen.setdefault((counter, labels), set())
+        if tag in seen:
+            return tag
+        if len(seen) >= self.limit:
+            return OTHER_TAG
+        seen.add(tag)
+        return tag
 
 
 _TALLIED = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from choreography_ray.core import (
@@ -27,9 +28,9 @@ from choreography_ray.core.resuming import Recover, Resume
 from choreography_ray.core.stages import stored_among, stored_running
 from choreography_ray.errors import CannotResumeJobError, JobOperationError, RetryFailedStepsError
 from choreography_ray.logs import get_logger
-from choreography_ray.model import StatusChange
+from choreography_ray.model import StatusChange, StepState
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
-from choreography_ray.storage import StepUpdate, step_pages
+from choreography_ray.storage import PAGE, StepUpdate, step_pages
 
 if TYPE_CHECKING:
     from choreography_ray.core.job import JobCore
@@ -115,49 +116,89 @@ async def run_resume_hook(a: JobCore) -> None:
     a.kick()
 
 
-async def retry_failed(a: JobCore) -> int:
-    """RetryFailedSteps: a job completed with failures runs its failed steps again, each as
-    its next attempt; returns how many."""
+async def retry_failed(
+    a: JobCore, signature: str | None = None, step_ids: Collection[str] | None = None
+) -> int:
+    """RetryFailedSteps: a job completed with failures runs its failed steps again (those of
+    `signature`, those among `step_ids`, or all), each as its next attempt; returns how many.
+    In a job of stages the job goes back to the first stage a retried step is in and runs the
+    stages from there as it would: each runs its retried steps (and the steps a barrier left
+    UNREACHABLE, which are scheduled again), and a stage whose steps all reached an outcome
+    before is not run again (docs/decisions.md)."""
     state = a.job_state
-    resuming.check_retry_failed(a.loaded_job, a.stages, state)
+    resuming.check_retry_failed(a.loaded_job, state)
     failed = [
         StepStart(s.step_id, s.type, s.stage, s.attempt + 1, json.dumps(s.request))
-        async for page in step_pages(a.storage, a.job_id, statuses=FAILED_STEP)
-        for s in page
+        for s in await selected_failures(a, signature, step_ids)
     ]
-    # Retrying a counted failure removes its failed count: the counts change with the
-    # RUNNING save, and go back when it fails.
+    if not failed:
+        return 0
+    stage = min(start.stage for start in failed)
+    unreachable = [
+        s
+        async for page in step_pages(a.storage, a.job_id, statuses=(StepStatus.UNREACHABLE,))
+        for s in page
+        if s.stage > stage
+    ]
+    # Retrying a counted failure removes its failed count, scheduling an unreachable step its
+    # unreachable count: the counts change with the RUNNING save, and go back when it fails.
+    stages = copy.deepcopy(a.stages)
     for start in failed:
         a.stages[start.stage].failed -= 1
+    for step in unreachable:
+        a.stages[step.stage].unreachable -= 1
     try:
-        await job_record.set_status(a, JobStatus.RUNNING, records_counted_steps=True)
+        await job_record.set_status(a, JobStatus.RUNNING, records_counted_steps=True, stage=stage)
     except Exception as error:
-        for start in failed:
-            a.stages[start.stage].failed += 1
+        a.stages = stages
         raise JobOperationError(RetryFailedStepsError.COULD_NOT_PERSIST, str(error)) from error
     a.counting.records = True
     for start in failed:
         a.counting.uncount_outcome(start.step_id)
+    scheduled = StatusChange(status=StepStatus.SCHEDULED)
     try:
         # Durable before they run: a lost activation resumes them as scheduled.
         await a.counting.flush(a.storage, a.job_id)
-        scheduled = StatusChange(status=StepStatus.SCHEDULED)
         await a.storage.update_steps(
             [
-                StepUpdate(a.job_id, s.step_id, StepStatus.SCHEDULED, s.attempt, None, scheduled)
-                for s in failed
+                *(StepUpdate(a.job_id, s.step_id, StepStatus.SCHEDULED, s.attempt, None, scheduled)
+                  for s in failed),
+                *(StepUpdate(a.job_id, s.step_id, StepStatus.SCHEDULED, s.attempt)
+                  for s in unreachable),
             ]
-        )
+        )  # fmt: skip
     except Exception as error:
         # The job is RUNNING with its failed steps stored as failed: the pump recounts
         # from storage and completes it again.
         a.enter(Mode.RUNNING)
         a.kick()
         raise JobOperationError(RetryFailedStepsError.COULD_NOT_PERSIST, str(error)) from error
+    # Storage drives the stages from here, as after a resume: each reads its steps without an
+    # outcome, which are the retried ones and those scheduled again.
+    a.window.clear()
+    a.plan, a.feed = {}, None
     a.enter(Mode.RUNNING)
-    # They are the whole stage now: nothing is read from storage (where they are
-    # SCHEDULED again) on top of them.
-    a.feed = None
-    a.window.queue(failed)
+    await stage_flow.begin_stage(a, stage)
     a.kick()
     return len(failed)
+
+
+async def selected_failures(
+    a: JobCore, signature: str | None, step_ids: Collection[str] | None
+) -> list[StepState]:
+    """The job's failed steps RetryFailedSteps runs: among `step_ids`, of `signature`, or all."""
+    if step_ids is not None:
+        found = await a.storage.get_steps(a.job_id, set(step_ids))
+        steps = sorted(found.values(), key=lambda s: s.step_id)
+    elif signature is not None:
+        steps, after = [], None
+        while page := await a.storage.list_failed(a.job_id, signature, after=after, limit=PAGE):
+            steps += page
+            after = page[-1].step_id
+    else:
+        return [s async for page in step_pages(a.storage, a.job_id, statuses=FAILED_STEP)
+                for s in page]  # fmt: skip
+    return [
+        s for s in steps
+        if s.status in FAILED_STEP and signature in (None, s.failure_signature)
+    ]  # fmt: skip

@@ -64,8 +64,8 @@ def rebase_stops(stages: Stages, stopped_total: int, stage: int) -> None:
         stages[stage].stopped = stopped_total
 
 
-def check_retry_failed(job: Job[Any], stages: Stages, state: JobState) -> None:
-    if not job.can_retry_failed_steps or stages.has_stages:
+def check_retry_failed(job: Job[Any], state: JobState) -> None:
+    if not job.can_retry_failed_steps:
         raise JobOperationError(RetryFailedStepsError.NOT_SUPPORTED)
     if state.status is not JobStatus.COMPLETED_WITH_FAILURES:
         raise JobOperationError(RetryFailedStepsError.JOB_IS_NOT_COMPLETED_WITH_FAILURES)

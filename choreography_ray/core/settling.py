@@ -15,6 +15,7 @@ from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.retries import decide
 from choreography_ray.core.watchdog import lost_reports
 from choreography_ray.core.window import RUNNING
+from choreography_ray.failures import failure_signature
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import StatusChange
 from choreography_ray.status import FAILED_STEP, StepStatus
@@ -61,7 +62,7 @@ def settle(a: JobCore, start: StepStart, outcome: Outcome) -> bool:
             a.tally.retried += 1
             return True
         counter.failed += 1
-        a.tally.failed += 1
+        a.tally.failure(outcome.signature or failure_signature(outcome.message))
     else:
         counter.successful += 1
         a.tally.succeeded += 1

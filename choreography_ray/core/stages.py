@@ -4,7 +4,8 @@ finished stage leads to.
 Stages run in the order of their value (gaps are harmless). A stage is a barrier by default: if
 any of its steps failed, the steps of every later stage become UNREACHABLE and the job ends
 with failures; a stage whose `get_failure_behavior_for` is CONTINUE_WITH_NEXT_STAGE lets the
-next one start. Each stage is admitted (`admit_stage`) before it starts.
+next one start, and so does one whose share of successful steps reaches its
+`get_min_success_ratio`. Each stage is admitted (`admit_stage`) before it starts.
 """
 
 from __future__ import annotations
@@ -163,11 +164,21 @@ def after_stage(stages: Stages, stage: int, job: Job[Any]) -> AfterStage:
     later = stages.after(stage)
     if not later:
         return AfterStage(None)
-    if stages[stage].has_failures and (
-        job.get_failure_behavior_for(stage) is JobStageFailureBehavior.STOP_JOB
-    ):
+    if not goes_on(stages[stage], job):
         return AfterStage(None, tuple(later))
     return AfterStage(later[0])
+
+
+def goes_on(counter: StageCounter, job: Job[Any]) -> bool:
+    """Whether the stage after this finished one starts: with no failures; with failures, when
+    enough steps succeeded (`get_min_success_ratio`), else as `get_failure_behavior_for` says."""
+    ratio = job.get_min_success_ratio(counter.stage)
+    if ratio is not None:
+        return counter.total == 0 or counter.successful / counter.total >= ratio
+    return not counter.has_failures or (
+        job.get_failure_behavior_for(counter.stage)
+        is JobStageFailureBehavior.CONTINUE_WITH_NEXT_STAGE
+    )
 
 
 async def stored_running(

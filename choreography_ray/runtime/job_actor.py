@@ -139,8 +139,10 @@ class JobActor:
     async def remove(self) -> None:
         await self.core.remove()
 
-    async def retry_failed_steps(self) -> int:
-        return await self.core.retry_failed_steps()
+    async def retry_failed_steps(
+        self, signature: str | None = None, step_ids: list[str] | None = None
+    ) -> int:
+        return await self.core.retry_failed_steps(signature, step_ids)
 
     async def state(self) -> JobState:
         return await self.core.ready()

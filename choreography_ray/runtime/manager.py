@@ -38,10 +38,10 @@ from choreography_ray.core.metrics import (
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.spares import SPARE_SECONDS, Spares
-from choreography_ray.core.stages import Stages
 from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
 from choreography_ray.errors import JobLookupError, JobOperationError, StartJobError
+from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job
 from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
@@ -220,9 +220,13 @@ class ManagerCore:
         await self._owned(job_id)
         return [step async for page in step_pages(self.storage, job_id) for step in page]
 
-    async def operate(self, job_id: str, operation: str) -> Any:
-        """stop, resume, remove or retry_failed_steps: answered from the stored job when that
-        decides it, else on the job's actor (activated if need be)."""
+    async def failures(self, job_id: str) -> builtins.list[FailureCluster]:
+        await self._owned(job_id)
+        return await self.storage.failure_clusters(job_id)
+
+    async def operate(self, job_id: str, operation: str, *args: Any) -> Any:
+        """stop, resume, remove or retry_failed_steps (with its arguments): answered from the
+        stored job when that decides it, else on the job's actor (activated if need be)."""
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r}")
         async with self.claims.using(job_id):
@@ -230,7 +234,7 @@ class ManagerCore:
             if self._answered_from_storage(state, operation):
                 return None
             actor = await self.job_actor(job_id)
-            return await getattr(actor, operation).remote()
+            return await getattr(actor, operation).remote(*args)
 
     def _answered_from_storage(self, state: JobState, operation: str) -> bool:
         """Raises the job's own refusal, or returns True for an operation that does nothing
@@ -246,7 +250,7 @@ class ManagerCore:
             except Exception:  # the job actor reports a type it cannot load, as it always has
                 return False
             if issubclass(job_type, Job):  # checked before anything from storage is built
-                check_retry_failed(job_type(), Stages.from_progress(state.progress), state)
+                check_retry_failed(job_type(), state)
         # remove always goes to the actor: on a job being removed it runs the finish again.
         return False
 
@@ -427,7 +431,7 @@ class JobsManagerActor:
 
     async def record_metrics(
         self,
-        counts: builtins.list[tuple[str, int, Labels]],
+        counts: builtins.list[tuple[str, int, Labels, str]],
         observations: builtins.list[tuple[str, float, Labels, str]],
     ) -> None:
         """A job actor's metrics, recorded in this long-lived process (see `job_actor`)."""

@@ -16,9 +16,11 @@ from typing import Any
 from ray.util import metrics as ray_metrics
 
 from choreography_ray.core.metrics import (
+    COUNTER_TAG,
     HISTOGRAM_TAG,
     JOBS_GAUGE,
     NO_METRICS,
+    BoundedTags,
     Counter,
     Histogram,
     Labels,
@@ -53,6 +55,7 @@ _DESCRIPTIONS = {
     Counter.STEPS_STOPPED: "Steps whose stop their job counted.",
     Counter.OUTCOME_DELIVERIES_RETRIED: "Outcomes whose delivery to their job was tried again.",
     Counter.REHYDRATIONS: "Jobs a jobs manager's rehydration resumed.",
+    Counter.STEP_FAILURES: "Steps whose failure their job counted, by failure signature.",
     Histogram.STORAGE_WRITE_SECONDS: "Seconds one storage write took.",
     Histogram.BATCH_SIZE: "Items in one batch (start, outcome report, group commit round).",
     JOBS_GAUGE: "Jobs per status, as storage holds them (non-terminal statuses).",
@@ -69,9 +72,13 @@ class RayMetrics:
         self._objects: dict[str, Any] = {}
         self._tags: dict[tuple[Labels, str, str], dict[str, str]] = {}
         self._warned: set[str] = set()
+        self._bounded = BoundedTags()
 
-    def count(self, counter: Counter, value: int, labels: Labels) -> None:
-        if value > 0:
+    def count(self, counter: Counter, value: int, labels: Labels, tag: str = "") -> None:
+        key = COUNTER_TAG.get(counter, "")
+        if value > 0 and key:
+            self._record(counter, "inc", value, labels, key, self._bounded(counter, labels, tag))
+        elif value > 0:
             self._record(counter, "inc", value, labels)
 
     def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
@@ -110,6 +117,9 @@ class RayMetrics:
             )
         elif name == JOBS_GAUGE:
             metric = ray_metrics.Gauge(name, description, (*LABEL_KEYS, "status"))
+        elif name == Counter.STEP_FAILURES:
+            tag_keys = (*LABEL_KEYS, COUNTER_TAG[Counter.STEP_FAILURES])
+            metric = ray_metrics.Counter(name, description, tag_keys)
         else:
             metric = ray_metrics.Counter(name, description, LABEL_KEYS)
         self._objects[name] = metric
@@ -129,9 +139,9 @@ def metrics_for(options: JobsOptions) -> Metrics:
     return _PROCESS_METRICS
 
 
-#: What a relay carries: counts summed by (counter, labels), and each observation.
+#: What a relay carries: counts summed by (counter, labels, tag), and each observation.
 MetricsBatch = tuple[
-    list[tuple[str, int, Labels]],
+    list[tuple[str, int, Labels, str]],
     list[tuple[str, float, Labels, str]],
 ]
 #: Observations a relay keeps while its receiver cannot be reached; older ones are dropped.
@@ -148,13 +158,13 @@ class RelayedMetrics:
 
     def __init__(self, send: Callable[[MetricsBatch], Awaitable[None]]) -> None:
         self._send = send
-        self._counts: dict[tuple[str, Labels], int] = {}
+        self._counts: dict[tuple[str, Labels, str], int] = {}
         self._observations: list[tuple[str, float, Labels, str]] = []
         self._failing = False
 
-    def count(self, counter: Counter, value: int, labels: Labels) -> None:
+    def count(self, counter: Counter, value: int, labels: Labels, tag: str = "") -> None:
         if value > 0:
-            key = (counter.value, labels)
+            key = (counter.value, labels, tag)
             self._counts[key] = self._counts.get(key, 0) + value
 
     def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
@@ -176,7 +186,10 @@ class RelayedMetrics:
             return
         counts, self._counts = self._counts, {}
         observations, self._observations = self._observations, []
-        batch: MetricsBatch = ([(c, n, labels) for (c, labels), n in counts.items()], observations)
+        batch: MetricsBatch = (
+            [(c, n, labels, tag) for (c, labels, tag), n in counts.items()],
+            observations,
+        )
         try:
             await self._send(batch)
         except Exception as error:
@@ -193,7 +206,7 @@ class RelayedMetrics:
 def replay(metrics: Metrics, batch: MetricsBatch) -> None:
     """Records a relayed batch through `metrics` (the receiver's own port)."""
     counts, observations = batch
-    for name, value, labels in counts:
-        metrics.count(Counter(name), value, Labels(*labels))
+    for name, value, labels, tag in counts:
+        metrics.count(Counter(name), value, Labels(*labels), tag)
     for name, observed, labels, tag in observations:
         metrics.observe(Histogram(name), observed, Labels(*labels), tag)

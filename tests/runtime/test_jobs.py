@@ -232,7 +232,6 @@ def _four_stage_plan(files: Files) -> list[Probe]:
 
 def test_stage_barrier__later_stages_unreachable(connect, scope, files) -> None:
     manager = connect().manager(scope, "stages")
-    # A job type that allows retrying failed steps: with stages it still may not.
     started = manager.start(RetryablePlanJob, files.request(_four_stage_plan(files)))
 
     state = manager.wait(started.job_id, timeout=WAIT)
@@ -252,10 +251,6 @@ def test_stage_barrier__later_stages_unreachable(connect, scope, files) -> None:
     assert sorted(stored) == [3, 5, 6, 7, 8, 9]
     assert stored[3].status is cr.StepStatus.COMPLETED_WITH_FAILURE
     assert all(stored[n].status is cr.StepStatus.UNREACHABLE for n in (5, 6, 7, 8, 9))
-
-    with pytest.raises(cr.JobOperationError) as refused:
-        manager.retry_failed_steps(started.job_id)
-    assert refused.value.error is cr.RetryFailedStepsError.NOT_SUPPORTED
 
 
 def test_stage_continue_with_next_stage__next_stage_runs(connect, scope, files) -> None:

@@ -406,16 +406,17 @@ def test_retry_failed_steps__not_supported_when_job_type_does_not_allow_it(
     assert len(starts(job_id)) == 2
 
 
-def test_retry_failed_steps__not_supported_for_a_job_with_stages(connect: Any, scope: str) -> None:
+def test_retry_failed_steps__a_job_with_stages_runs_its_failed_step_again(
+    connect: Any, scope: str
+) -> None:
     manager = connect().manager(scope, "retry-failed")
     job_id = start(manager, Retryable, Work(n=0, stage=0), Work(n=1, stage=10, always_fail=True))
     assert manager.wait(job_id, timeout=30).status is S.COMPLETED_WITH_FAILURES
 
-    assert operation_error(lambda: manager.retry_failed_steps(job_id)) is (
-        cr.RetryFailedStepsError.NOT_SUPPORTED
-    )
-    assert manager.get(job_id).status is S.COMPLETED_WITH_FAILURES
-    assert len(starts(job_id)) == 2
+    assert manager.retry_failed_steps(job_id) == 1
+
+    assert manager.wait(job_id, timeout=30).status is S.COMPLETED_WITH_FAILURES
+    assert len(starts(job_id)) == 3  # stage 0's step is not run again
 
 
 def test_retry_failed_steps__refused_for_running_and_successful_jobs(

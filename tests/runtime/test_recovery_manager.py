@@ -106,10 +106,7 @@ def test_stop_resume_retry_on_finished_jobs__answered_from_storage__no_job_actor
     failed_no_retry = manager.start(
         Traced, Plan(steps=[Work(n=0, always_fail=True), Work(n=1)])
     ).job_id
-    failed_stages = manager.start(
-        Retryable, Plan(steps=[Work(n=0, always_fail=True), Work(n=1, stage=10)])
-    ).job_id
-    ids = [succeeded, failed_no_retry, failed_stages]
+    ids = [succeeded, failed_no_retry]
     assert manager.wait(succeeded, timeout=30).status is S.COMPLETED_SUCCESSFULLY
     for job_id in ids[1:]:
         assert manager.wait(job_id, timeout=30).status is S.COMPLETED_WITH_FAILURES
@@ -122,9 +119,6 @@ def test_stop_resume_retry_on_finished_jobs__answered_from_storage__no_job_actor
         cr.RetryFailedStepsError.JOB_IS_NOT_COMPLETED_WITH_FAILURES
     )
     assert refusal(manager.retry_failed_steps, failed_no_retry) is (
-        cr.RetryFailedStepsError.NOT_SUPPORTED
-    )
-    assert refusal(manager.retry_failed_steps, failed_stages) is (
         cr.RetryFailedStepsError.NOT_SUPPORTED
     )
 

@@ -178,8 +178,8 @@ def test_relayed_metrics__one_sum_per_counter_and_labels_kept_when_a_relay_fails
 
         (batch,) = sent
         counts, observations = batch
-        assert sorted(counts) == [("choreography_steps_succeeded", 1, B),
-                                  ("choreography_steps_succeeded", 9, A)]  # fmt: skip
+        assert sorted(counts) == [("choreography_steps_succeeded", 1, B, ""),
+                                  ("choreography_steps_succeeded", 9, A, "")]  # fmt: skip
         assert observations == [("choreography_batch_size", 7, A, "start")]
         received = RecordingMetrics()
         ray_port.replay(received, batch)

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from choreography_ray.core.job import JobCore
-from choreography_ray.core.messages import Outcome, StepStart
+from choreography_ray.core.messages import Outcome, StepStart, failed
 from choreography_ray.core.metrics import Counter, Histogram, Labels
 from choreography_ray.errors import (
     StaleActivationError,
@@ -38,7 +38,7 @@ from choreography_ray.errors import (
     StorageUnavailableError,
 )
 from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
-from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
 from choreography_ray.storage.memory import MemoryStorage
 
@@ -301,15 +301,22 @@ class FakeHosts:
         persist: bool = True,
         deliver: int = 1,
         host: str | None = None,
+        code: str | None = None,
     ) -> Outcome:
-        """The running step (on `host`, when it runs on several) ends with `status`: persisted
+        """The running step (on `host`, when it runs on several) ends with `status` (a
+        failure with its signature, from `code` or `message`, as a real host makes it): persisted
         as a real host does (unless `persist=False`), then reported `deliver` times (0: the
         report is lost). It runs until its outcome is stored, as on a real host."""
         key = self._find(step_id, host)
         run = self.runs[key]
         if run.removing:
             status = STOPPED  # a step of a job being removed always reports its stop
-        outcome = Outcome(step_id, run.start.attempt, status, message)
+        attempt = run.start.attempt
+        outcome = (
+            failed(step_id, attempt, status, message, code)
+            if status in FAILED_STEP
+            else Outcome(step_id, attempt, status, message)
+        )
         if persist:
             await self.persist(run.job_id, outcome)
         del self.runs[key]
@@ -343,7 +350,17 @@ class FakeHosts:
         messages = () if outcome.message is None else (outcome.message,)
         change = StatusChange(status=outcome.status, exception_messages=messages)
         await self.storage.update_steps(
-            [StepUpdate(job_id, outcome.step_id, outcome.status, outcome.attempt, None, change)]
+            [
+                StepUpdate(
+                    job_id,
+                    outcome.step_id,
+                    outcome.status,
+                    outcome.attempt,
+                    None,
+                    change,
+                    outcome.signature,
+                )
+            ]
         )
 
     async def report(self, *outcomes: Outcome) -> bool:
@@ -503,9 +520,13 @@ class RecordingMetrics:
         self.counts: list[tuple[Counter, int, Labels]] = []
         self.observations: list[tuple[Histogram, float, Labels, str]] = []
         self.gauges: list[tuple[int, Labels, JobStatus]] = []
+        #: Counts of tagged counters by (counter, tag), beside `counts`.
+        self.tagged: dict[tuple[Counter, str], int] = {}
 
-    def count(self, counter: Counter, value: int, labels: Labels) -> None:
+    def count(self, counter: Counter, value: int, labels: Labels, tag: str = "") -> None:
         self.counts.append((counter, value, labels))
+        if tag:
+            self.tagged[counter, tag] = self.tagged.get((counter, tag), 0) + value
 
     def observe(self, histogram: Histogram, value: float, labels: Labels, tag: str) -> None:
         self.observations.append((histogram, value, labels, tag))

@@ -158,9 +158,22 @@ class StagedJob(cr.Job[Plan]):
 
 
 class RetryableJob(StagedJob):
-    """A job whose failed steps `retry_failed_steps` may run again (it must have no stages)."""
+    """A job whose failed steps `retry_failed_steps` may run again."""
 
     can_retry_failed_steps = True
+
+
+class AtLeast90Job(RetryableJob):
+    """Each stage goes on when at least 90 % of its steps succeeded."""
+
+    min_success_ratio = 0.9
+
+    def get_min_success_ratio(self, stage: int) -> float | None:
+        return self.min_success_ratio
+
+
+class AtLeast95Job(AtLeast90Job):
+    min_success_ratio = 0.95
 
 
 class ContinuingJob(StagedJob):

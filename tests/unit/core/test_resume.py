@@ -454,12 +454,14 @@ def test_resume__a_failed_running_save_of_a_resume_keeps_the_running_steps(
     activations.run(scenario)
 
 
-def test_retry_failed_steps__a_stop_counts_a_step_never_started_as_stopped_not_failed(
+def test_retry_failed_steps__a_stop_counts_each_retried_step_once(
     activations: Activations,
 ) -> None:
     """A step whose type is missing failed to start, was retried and failed again; after
-    RetryFailedSteps a stop finds it waiting to start: it is stopped (found by the state
-    machine test: its first execution's retry still marked it as a retry waiting for a host)."""
+    RetryFailedSteps the stage's feed reads it and it fails to start at once, counted failed
+    once, while the other retried step is stopped (found by the state machine test: its first
+    execution's retry still marked it as a retry waiting for a host, and a stop counted it
+    twice)."""
 
     async def scenario() -> None:
         h = await activations.new(
@@ -482,7 +484,7 @@ def test_retry_failed_steps__a_stop_counts_a_step_never_started_as_stopped_not_f
         await h.settle()
 
         progress = (await h.stored()).progress
-        assert (progress.failed_steps, progress.stopped_steps) == (0, 2)
+        assert (progress.failed_steps, progress.stopped_steps) == (1, 1)
         assert not h.c.counting.counted & h.c.counting.stopped
 
     activations.run(scenario)
