@@ -412,8 +412,11 @@ class JobsManagerActor:
     async def steps(self, job_id: str) -> builtins.list[StepState]:
         return await self.core.steps(job_id)
 
-    async def operate(self, job_id: str, operation: str) -> Any:
-        return await self.core.operate(job_id, operation)
+    async def failures(self, job_id: str) -> builtins.list[FailureCluster]:
+        return await self.core.failures(job_id)
+
+    async def operate(self, job_id: str, operation: str, *args: Any) -> Any:
+        return await self.core.operate(job_id, operation, *args)
 
     async def rehydrate(self) -> builtins.list[str]:
         return await self.core.rehydrate()
