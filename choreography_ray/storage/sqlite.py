@@ -21,9 +21,11 @@ Layout (JSON columns hold pydantic's JSON of the field)::
     job_steps           WITHOUT ROWID. PRIMARY KEY (job_id, step_id); type, stage, status,
                         attempt, lease JSON {silo, activation, heartbeat} or NULL, is_prepared,
                         request JSON, status_changes JSON array, updated (ISO-8601),
-                        schema_version.
+                        schema_version, failure_signature (a failed step's, else NULL).
                         Indexes: (job_id, status), (job_id, stage, status); both end in step_id
-                        (the key), so a page of one status is read in step-id order.
+                        (the key), so a page of one status is read in step-id order. (job_id,
+                        failure_signature), partial (the failed steps): the failures' grouping
+                        and a cluster's pages.
     job_numbers         job_no INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT UNIQUE: the small
                         number that stands for a job id in job_counted_steps. AUTOINCREMENT never
                         reuses a number, so a later job cannot inherit a removed job's records.
@@ -36,9 +38,9 @@ Layout (JSON columns hold pydantic's JSON of the field)::
 Opening a file creates what is missing, in one transaction: the tables, then the columns a file
 of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`, `error`,
 `version`, `schema_version`, `resume_after`, `held` and `status_since` of `jobs`; `attempt`,
-`lease`, `is_prepared` and `schema_version` of `job_steps`), each with the default its field
-reads as (`schema_version` 1; `has_plan` 1 for a job whose progress has totals, which are
-written with the plan; `status_since` from each row's status history), then the indexes. A row
+`lease`, `is_prepared`, `schema_version` and `failure_signature` of `job_steps`), each with the
+default its field reads as (`schema_version` 1; `has_plan` 1 for a job whose progress has
+totals, which are written with the plan; `status_since` from each row's status history), then the indexes. A row
 an older release writes into a newer file has no `status_since` (NULL) and is no cleanup
 candidate until this release saves it. Every row is written with this release's
 `SCHEMA_VERSION`; a row of a newer one is refused with `UnsupportedSchemaError` before it is

@@ -809,6 +809,7 @@ async def test_mongodb__the_status_indexes_of_an_earlier_release_are_replaced(
 
     assert keys == [
         ["_id"],
+        ["job_id", "failure_signature", "step_id"],
         ["job_id", "stage", "status", "step_id"],
         ["job_id", "status", "step_id"],
         ["job_id", "step_id"],
