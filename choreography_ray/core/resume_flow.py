@@ -178,7 +178,11 @@ async def retry_failed(
     a.window.clear()
     a.plan, a.feed = {}, None
     a.enter(Mode.RUNNING)
-    await stage_flow.begin_stage(a, stage)
+    try:
+        await stage_flow.begin_stage(a, stage)
+    except Exception as error:  # they are stored SCHEDULED: the watchdog starts them
+        log.warning("job %s: beginning stage %s of RetryFailedSteps failed: %s; the watchdog "
+                    "starts its steps", a.job_id, stage, error)  # fmt: skip
     a.kick()
     return len(failed)
 

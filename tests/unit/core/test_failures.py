@@ -3,13 +3,15 @@ in jobs with stages too, stage success thresholds, and the failures-by-signature
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from choreography_ray.core.metrics import Counter
 from choreography_ray.errors import JobOperationError, RetryFailedStepsError
 from choreography_ray.status import JobStatus, StepStatus
 from tests.unit.core.conftest import Activations
-from tests.unit.core.fakes import FAILED, RecordingMetrics
+from tests.unit.core.fakes import FAILED, FaultyStorage, RecordingMetrics
 from tests.unit.core.harness import Harness
 from tests.unit.core.jobs import AtLeast90Job, AtLeast95Job, Plan, RetryableJob, StagedJob
 
@@ -218,5 +220,32 @@ def test_metrics__failures_counted_by_signature(activations: Activations) -> Non
             (Counter.STEP_FAILURES, "Q"): 1,
         }
         assert metrics.total(Counter.STEPS_FAILED) == 5
+
+    activations.run(scenario)
+
+
+def test_retry_failed_steps__a_failed_save_of_the_stage_leaves_the_steps_to_the_watchdog(
+    activations: Activations,
+) -> None:
+    """The retried steps are stored SCHEDULED and the job RUNNING when the stage's own save
+    fails: the retry answers how many, and the watchdog starts them."""
+
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await three_kinds(activations, storage=storage)
+        started = len(h.hosts.started)
+        admission = h.control("admit_stage", gate=asyncio.Event())
+
+        retry = asyncio.create_task(h.c.retry_failed_steps(signature=KEY_ERROR))
+        await admission.entered.wait()
+        storage.fail("save_job")
+        assert admission.gate is not None
+        admission.gate.set()
+
+        assert await retry == 2
+        assert len(h.hosts.started) == started
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert sorted(s.step_id for s in h.hosts.started[started:]) == ["000000", "000002"]
 
     activations.run(scenario)
