@@ -1,5 +1,6 @@
 """choreography_ray: a durable job system for large fan-out on Ray."""
 
+from choreography_ray.bulk import BulkOperation, BulkResult, JobSelection
 from choreography_ray.client import AsyncJobsManager, Jobs, JobsManager, StartedJob
 from choreography_ray.errors import (
     CannotResumeJobError,
@@ -68,6 +69,8 @@ __all__ = [
     "After",
     "AsyncJobsManager",
     "AsyncScheduler",
+    "BulkOperation",
+    "BulkResult",
     "CannotResumeJobError",
     "ChoreographyError",
     "ConcurrencyError",
@@ -84,6 +87,7 @@ __all__ = [
     "JobLookupError",
     "JobOperationError",
     "JobProgress",
+    "JobSelection",
     "JobStageFailureBehavior",
     "JobState",
     "JobStatus",

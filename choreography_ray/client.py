@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import ray
 from pydantic import BaseModel
 
+from choreography_ray.bulk import BulkOperation, BulkResult, JobSelection, act_on, select_jobs
 from choreography_ray.core.stopping import settled
 from choreography_ray.errors import (
     ChoreographyError,
@@ -428,6 +429,70 @@ class Jobs:
         inner = self.async_scheduler(scope)
         inner.check(ray.get(inner._handle.get_sync().config.remote()))
         return Scheduler(inner)
+
+    # acting on many jobs (choreography_ray.bulk)
+    async def select_jobs_async(self, selection: JobSelection) -> builtins.list[JobState]:
+        """The stored jobs `selection` names, newest first, read from this connection's
+        storage. Its `older_than` is the time since a job reached its current status."""
+        from choreography_ray.runtime.shared_storage import open_shared_storage
+
+        storage = open_shared_storage(self.storage, self.namespace)
+        try:
+            return await select_jobs(storage, selection)
+        finally:
+            await storage.close()
+
+    def select_jobs(self, selection: JobSelection) -> builtins.list[JobState]:
+        return asyncio.run(self.select_jobs_async(selection))
+
+    async def act_on_jobs_async(
+        self,
+        operation: BulkOperation | str,
+        selection: JobSelection,
+        *,
+        dry_run: bool = False,
+        signature: str | None = None,
+        step_ids: Iterable[str] | None = None,
+    ) -> builtins.list[BulkResult]:
+        """`operation` on each job `selection` names, in turn, through its jobs manager (as
+        `async_manager` reaches it). A job whose operation is refused is reported in its result
+        (`error`, `message`), not raised, and the others still run. `dry_run` reports the
+        selected jobs, none acted on. `signature` and `step_ids` narrow `retry_failed_steps`
+        as they narrow `manager.retry_failed_steps`."""
+        operation = BulkOperation(operation)
+        retry = operation is BulkOperation.RETRY_FAILED_STEPS
+        if not retry and (signature is not None or step_ids is not None):
+            raise ValueError("signature and step_ids narrow retry_failed_steps only")
+        ids = None if step_ids is None else builtins.list(step_ids)
+        managers: dict[tuple[str, str], AsyncJobsManager] = {}
+
+        async def perform(job: JobState) -> int | None:
+            key = (job.scope, job.namespace)
+            if key not in managers:
+                managers[key] = self.async_manager(*key)
+            if retry:
+                return await managers[key].retry_failed_steps(job.id, signature, ids)
+            await getattr(managers[key], operation.method)(job.id)
+            return None
+
+        jobs = await self.select_jobs_async(selection)
+        return await act_on(operation, jobs, None if dry_run else perform)
+
+    def act_on_jobs(
+        self,
+        operation: BulkOperation | str,
+        selection: JobSelection,
+        *,
+        dry_run: bool = False,
+        signature: str | None = None,
+        step_ids: Iterable[str] | None = None,
+    ) -> builtins.list[BulkResult]:
+        """`act_on_jobs_async` run to completion."""
+        return asyncio.run(
+            self.act_on_jobs_async(
+                operation, selection, dry_run=dry_run, signature=signature, step_ids=step_ids
+            )
+        )
 
     def close(self) -> None:
         if self._owns_ray:

@@ -80,6 +80,9 @@ class Actions(Protocol):
 
     async def operate(self, scope: str, namespace: str, job_id: str, op: JobOperation) -> str: ...
 
+    async def retry_failures(self, scope: str, namespace: str, job_id: str, signature: str) -> str:
+        """`manager.retry_failed_steps(job_id, signature=signature)`: one failure cluster."""
+
     async def requeue(self, scope: str, dead_letter_id: str, ask_afresh: bool) -> str: ...
 
     async def acknowledge(self, scope: str, dead_letter_id: str, note: str) -> str: ...
@@ -150,6 +153,16 @@ class RayActions:
             if not isinstance(error, JobOperationError):
                 self._managers.pop((scope, namespace), None)  # found afresh next time
             raise refusal(error) from error
+
+    async def retry_failures(self, scope: str, namespace: str, job_id: str, signature: str) -> str:
+        manager = await self._manager(scope, namespace)
+        try:
+            count = await manager.retry_failed_steps(job_id, signature=signature)
+        except ChoreographyError as error:
+            if not isinstance(error, JobOperationError):
+                self._managers.pop((scope, namespace), None)  # found afresh next time
+            raise refusal(error) from error
+        return f"{count:,} failed step(s) of job {job_id} with failure {signature!r} run again"
 
     async def _on_scheduler(self, scope: str, call: Callable[[AsyncScheduler], Awaitable[T]]) -> T:
         """`call` on the scope's scheduler; its error as the page shows it."""

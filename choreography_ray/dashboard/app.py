@@ -16,7 +16,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from choreography_ray.dashboard import jobs, schedules
+from choreography_ray.dashboard import bulk, jobs, schedules
 from choreography_ray.dashboard.actions import Actions
 from choreography_ray.dashboard.security import SECURITY_HEADERS, Guard, Refused
 from choreography_ray.dashboard.site import Site, site_of
@@ -145,6 +145,7 @@ def create_app(
 
     routes = [
         *jobs.routes,
+        *bulk.routes,
         *schedules.routes,
         Route("/login", login_page, methods=["GET"]),
         Route("/login", log_in, methods=["POST"]),

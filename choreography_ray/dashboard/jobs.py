@@ -3,8 +3,10 @@ job actions behind their confirmations.
 
 The list is one page of `Storage.find_jobs` (newest first, paged by cursor) and one
 `count_jobs_by_type_and_status` for the counts at the top: two indexed queries whatever the
-number of jobs. A job page reads the job record (its counters and status history), one page of
-its failed steps (`list_steps` by status, in step-id order) and the scheduler run it belongs to.
+number of jobs. A job page reads the job record (its counters and status history), its failure
+clusters (`failure_clusters`, when it counts failures), one page of its failed steps
+(`list_steps` by status, or `list_failed` of one signature with `?signature=`, in step-id
+order) and the scheduler run it belongs to.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ MAX_PAGE = 500
 FAILED_PAGE = 25
 #: The failed steps a job page lists: failures and the steps a failure made unreachable.
 FAILED_SHOWN = FAILED_STEP | {StepStatus.UNREACHABLE}
+#: Failure clusters a job page lists, most frequent first.
+CLUSTERS_SHOWN = 20
 #: Characters of a job's request shown on its page; the whole is at `request.json`.
 REQUEST_SHOWN = 64 * 1024
 #: Milliseconds between two refreshes of a job page's live part.
@@ -206,6 +210,7 @@ async def jobs_page(request: Request) -> Response:
         "scopes": sorted({k.scope for k in keys}),
         "namespaces": sorted({k.namespace for k in keys}),
         "total": sum(listing.counts.values()),
+        "operations": OPERATIONS,
     }
     return site.render(request, "jobs.html", context)
 
@@ -219,26 +224,49 @@ async def _job(site: Site, request: Request) -> JobState | Response:
     return state
 
 
+def failed_link(job_id: str, signature: str | None = None, after: str | None = None) -> str:
+    """A job page at a page of its failed steps (of one failure signature, when given)."""
+    query = {k: v for k, v in (("signature", signature), ("steps_after", after)) if v}
+    return f"/jobs/{job_id}" + (f"?{urlencode(query)}" if query else "")
+
+
 async def job_page(request: Request) -> Response:
     site = site_of(request)
     state = await _job(site, request)
     if isinstance(state, Response):
         return state
     steps_after = request.query_params.get("steps_after") or None
-    failed = await site.storage.list_steps(
-        state.id, statuses=FAILED_SHOWN, after=steps_after, limit=FAILED_PAGE + 1
-    )
+    signature = request.query_params.get("signature") or None
+    if signature is None:
+        failed = await site.storage.list_steps(
+            state.id, statuses=FAILED_SHOWN, after=steps_after, limit=FAILED_PAGE + 1
+        )
+    else:
+        failed = await site.storage.list_failed(
+            state.id, signature, after=steps_after, limit=FAILED_PAGE + 1
+        )
     more = len(failed) > FAILED_PAGE
     failed = failed[:FAILED_PAGE]
+    clusters = await site.storage.failure_clusters(state.id) if state.progress.has_failures else []
+    failed_total = state.progress.failed_steps + state.progress.unreachable_steps
+    if signature is not None:
+        failed_total = sum(c.count for c in clusters if c.signature == signature)
     request_json = json.dumps(state.request, indent=2, ensure_ascii=False)
     context = {
         "job": state,
         "pace": site.rates.pace(state),
         "live_every": LIVE_EVERY_MS,
+        "clusters": clusters[:CLUSTERS_SHOWN],
+        "clusters_total": len(clusters),
+        # The jobs manager retries only a job that completed with failures; it refuses a job
+        # type that does not allow it (`can_retry_failed_steps`), which the page cannot know.
+        "retry_clusters": state.status is JobStatus.COMPLETED_WITH_FAILURES,
+        "signature": signature,
         "failed": failed,
-        "failed_total": state.progress.failed_steps + state.progress.unreachable_steps,
+        "failed_total": failed_total,
         "failed_first": steps_after is None,
-        "failed_next": f"/jobs/{state.id}?steps_after={failed[-1].step_id}" if more else None,
+        "failed_home": failed_link(state.id, signature),
+        "failed_next": failed_link(state.id, signature, failed[-1].step_id) if more else None,
         "run": await site.scheduler_storage.run_for_job(state.id),
         "request_json": request_json[:REQUEST_SHOWN],
         "request_cut": len(request_json) > REQUEST_SHOWN,
@@ -299,6 +327,67 @@ def _confirmation(
     return site.render(request, "confirm_job.html", context, 409 if refused else 200)
 
 
+def _retry_failures_confirmation(
+    site: Site,
+    request: Request,
+    state: JobState,
+    signature: str,
+    count: int,
+    refused: ActionRefused | None = None,
+) -> Response:
+    explanation = (f"The {count:,} failed step(s) of this failure signature run again as their "
+                   "next attempt (for a job that completed with failures, of a job type that "
+                   "allows it).")  # fmt: skip
+    context = {"job": state, "op": JobOperation.RETRY_FAILED, "label": "Retry these failed steps",
+               "explanation": explanation, "refused": refused, "signature": signature,
+               "action": f"/jobs/{state.id}/failures/retry"}  # fmt: skip
+    return site.render(request, "confirm_job.html", context, 409 if refused else 200)
+
+
+async def _cluster_size(site: Site, job_id: str, signature: str) -> int:
+    return sum(c.count for c in await site.storage.failure_clusters(job_id)
+               if c.signature == signature)  # fmt: skip
+
+
+async def confirm_retry_failures(request: Request) -> Response:
+    """The confirmation of "Retry these": the failed steps of one failure signature."""
+    site = site_of(request)
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    if site.actions is None:
+        return site.no_actions(request)
+    signature = request.query_params.get("signature", "")
+    if not signature:
+        return site.error(request, 400, "No failure signature", "?signature= names the failed "
+                          "steps to retry, as the job page's Failures list them.")  # fmt: skip
+    count = await _cluster_size(site, state.id, signature)
+    return _retry_failures_confirmation(site, request, state, signature, count)
+
+
+async def retry_failures(request: Request) -> Response:
+    site = site_of(request)
+    form = await request.form()
+    actions = site.actions_for(request, form)
+    if isinstance(actions, Response):
+        return actions
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    signature = str(form.get("signature") or "")
+    if not signature:
+        return site.error(request, 400, "No failure signature", "The form named no failure "
+                          "signature to retry.")  # fmt: skip
+    try:
+        message = await actions.retry_failures(state.scope, state.namespace, state.id, signature)
+    except ActionRefused as refused:
+        count = await _cluster_size(site, state.id, signature)
+        return _retry_failures_confirmation(site, request, state, signature, count, refused)
+    response = RedirectResponse(f"/jobs/{state.id}", status_code=303)
+    site.flash(response, message)
+    return response
+
+
 async def do_job_operation(request: Request) -> Response:
     site = site_of(request)
     op = _operation(request)
@@ -326,6 +415,8 @@ routes = [
     Route("/jobs/{job_id}", job_page),
     Route("/jobs/{job_id}/live", job_live),
     Route("/jobs/{job_id}/request.json", job_request),
+    Route("/jobs/{job_id}/failures/retry", confirm_retry_failures, methods=["GET"]),
+    Route("/jobs/{job_id}/failures/retry", retry_failures, methods=["POST"]),
     Route("/jobs/{job_id}/{operation}", confirm_job_operation, methods=["GET"]),
     Route("/jobs/{job_id}/{operation}", do_job_operation, methods=["POST"]),
 ]

@@ -40,9 +40,9 @@ of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`
 `version`, `schema_version`, `resume_after`, `held` and `status_since` of `jobs`; `attempt`,
 `lease`, `is_prepared`, `schema_version` and `failure_signature` of `job_steps`), each with the
 default its field reads as (`schema_version` 1; `has_plan` 1 for a job whose progress has
-totals, which are written with the plan; `status_since` from each row's status history), then the indexes. A row
-an older release writes into a newer file has no `status_since` (NULL) and is no cleanup
-candidate until this release saves it. Every row is written with this release's
+totals, which are written with the plan; `status_since` from each row's status history), then
+the indexes. A row an older release writes into a newer file has no `status_since` (NULL) and
+is no cleanup candidate until this release saves it. Every row is written with this release's
 `SCHEMA_VERSION`; a row of a newer one is refused with `UnsupportedSchemaError` before it is
 parsed.
 

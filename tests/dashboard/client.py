@@ -33,6 +33,10 @@ class RecordingActions:
         self._answer(op.value, scope, namespace, job_id)
         return f"{op.value} of {job_id} done"
 
+    async def retry_failures(self, scope: str, namespace: str, job_id: str, signature: str) -> str:
+        self._answer("retry_failures", scope, namespace, job_id, signature)
+        return f"failures {signature} of {job_id} retried"
+
     async def requeue(self, scope: str, dead_letter_id: str, ask_afresh: bool) -> str:
         self._answer("requeue", scope, dead_letter_id, ask_afresh)
         return f"{dead_letter_id} requeued"

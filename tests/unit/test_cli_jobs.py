@@ -91,8 +91,9 @@ def test_bulk_exit_code() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["jobs", "list"], ["jobs", "show"], ["jobs", "steps"], ["jobs", "watch"], ["jobs", "stop"],
-     ["jobs", "resume"], ["jobs", "remove"], ["jobs", "retry-failed"], ["jobs", "rehydrate"],
+    [["jobs", "list"], ["jobs", "show"], ["jobs", "steps"], ["jobs", "failures"],
+     ["jobs", "watch"], ["jobs", "stop"], ["jobs", "resume"], ["jobs", "remove"],
+     ["jobs", "retry-failed"], ["jobs", "rehydrate"],
      ["status"], ["list"], ["run"], ["demo"], ["scheduler", "manifests"]],
 )  # fmt: skip
 def test_every_command__has_help_and_the_global_options(command: list[str]) -> None:

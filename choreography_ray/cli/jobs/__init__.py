@@ -1,6 +1,7 @@
 """`choreography-ray jobs ...`: jobs as stored, and the operations on them.
 
-- `reading.py`: `list`, `show`, `steps` read the storage directly (read-only, no Ray);
+- `reading.py`: `list`, `show`, `steps`, `failures` read the storage directly (read-only, no
+  Ray);
 - `watching.py`: `watch` follows one job live, from storage too;
 - `acting.py`: `stop`, `resume`, `remove`, `retry-failed` and `rehydrate` go through the jobs
   manager running in the cluster at `--address`.
@@ -17,13 +18,14 @@ from choreography_ray.cli.jobs import acting, reading, watching
 
 app = typer.Typer(
     name="jobs",
-    help="Jobs as stored (list, show, steps, watch) and operations on them (stop, resume, "
-    "remove, retry-failed, rehydrate).",
+    help="Jobs as stored (list, show, steps, failures, watch) and operations on them (stop, "
+    "resume, remove, retry-failed, rehydrate).",
     no_args_is_help=True,
 )
 app.command("list")(reading.list_jobs)
 app.command("show")(reading.show)
 app.command("steps")(reading.steps)
+app.command("failures")(reading.failures)
 app.command("watch")(watching.watch)
 acting.register(app)
 

@@ -5,9 +5,11 @@ namespace) in the cluster at `--address` (or `$RAY_ADDRESS`), as the Python clie
 never create a manager (`_cluster.py` says why) and refuse one on another storage.
 
 Which jobs: one `JOB_ID` (its scope and namespace are read from storage unless both are given),
-or every job `--status` and `--type` select (narrowed by `--scope`, `--namespace`), read from
-storage. `--dry-run` lists them and touches nothing (no Ray). A bulk form asks before it acts
-when stdin is a terminal; elsewhere it needs `--yes`.
+or every job `--status`, `--type` and `--older-than` select (narrowed by `--scope`,
+`--namespace`), read from storage by `choreography_ray.bulk.select_jobs`, the selection of the
+Python API's `jobs.act_on_jobs` and the dashboard's bulk form. `--dry-run` lists them and
+touches nothing (no Ray). A bulk form asks before it acts when stdin is a terminal; elsewhere
+it needs `--yes`. `retry-failed --signature/--step` narrow the steps retried in each job.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import asyncio
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
+from choreography_ray.bulk import JobSelection, select_jobs
 from choreography_ray.cli._cluster import (
     NoManagerError,
     joined,
@@ -44,13 +48,13 @@ from choreography_ray.cli._render import jobs_table
 from choreography_ray.cli.jobs.reading import (
     StatusFilter,
     TypeFilter,
+    parse_since,
     parse_status,
-    read_jobs,
 )
 from choreography_ray.client import AsyncJobsManager
 from choreography_ray.errors import ChoreographyError
 from choreography_ray.logs import ids
-from choreography_ray.model import JobsManagerKey, JobState
+from choreography_ray.model import JobsManagerKey, JobState, utcnow
 from choreography_ray.runtime.names import DEFAULT_NAMESPACE
 from choreography_ray.status import JobStatus
 
@@ -68,7 +72,8 @@ RayNamespaceOption = Annotated[
 JobIdOption = Annotated[
     str | None,
     typer.Argument(
-        metavar="JOB_ID", help="The job; leave it out to select jobs with --status/--type.",
+        metavar="JOB_ID",
+        help="The job; leave it out to select jobs with --status/--type/--older-than.",
         show_default=False,
     ),
 ]  # fmt: skip
@@ -91,6 +96,34 @@ JobNamespaceOption = Annotated[
 ]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="List the jobs it would touch, and touch none.")
+]
+OlderThanOption = Annotated[
+    str | None,
+    typer.Option(
+        "--older-than",
+        metavar="DURATION",
+        help="Only jobs that reached their status at least this long ago (30m, 2h, 7d) or "
+        "before this ISO date.",
+        show_default=False,
+    ),
+]
+SignatureOption = Annotated[
+    str | None,
+    typer.Option(
+        "--signature",
+        metavar="S",
+        help="Only the failed steps of this failure signature (`jobs failures` lists them).",
+        show_default="every failed step",
+    ),
+]
+StepOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--step",
+        metavar="STEP_ID",
+        help="Only this failed step; repeatable.",
+        show_default="every failed step",
+    ),
 ]
 YesOption = Annotated[
     bool, typer.Option("--yes", "-y", help="Act on the selected jobs without asking.")
@@ -153,6 +186,19 @@ class Result:
         return data
 
 
+def parse_older_than(text: str) -> timedelta:
+    """`--older-than`: a duration (`90s`, `30m`, `2h`, `7d`, `1w`), or an ISO date or time as
+    `--since` reads it, made the age of a job that reached its status then."""
+    now = utcnow()
+    try:
+        age = now - parse_since(text, now)
+    except typer.BadParameter as error:
+        raise typer.BadParameter(error.message, param_hint="--older-than") from None
+    if age < timedelta(0):
+        raise typer.BadParameter(f"{text!r} is in the future", param_hint="--older-than")
+    return age
+
+
 def select(
     job_id: str | None,
     storage: str | None,
@@ -161,21 +207,28 @@ def select(
     status: list[str] | None,
     job_type: str | None,
     command: str,
+    older_than: str | None = None,
 ) -> tuple[list[Target], bool]:
     """The jobs to act on, and whether they were selected in bulk (by filters)."""
-    if job_id is not None and (status or job_type):
-        raise typer.BadParameter("give a JOB_ID or --status/--type, not both")
-    if job_id is None and not status and not job_type:
+    if job_id is not None and (status or job_type or older_than):
+        raise typer.BadParameter("give a JOB_ID or --status/--type/--older-than, not both")
+    if job_id is None and not status and not job_type and not older_than:
         raise typer.BadParameter(
-            f"give a JOB_ID, or --status and/or --type to {command} the jobs they select "
-            "(--dry-run lists them)"
+            f"give a JOB_ID, or --status, --type and/or --older-than to {command} the jobs "
+            "they select (--dry-run lists them)"
         )
     if job_id is not None and scope is not None and namespace is not None:
         return [Target(job_id, scope, namespace)], False
     if resolve_storage(storage).lower().startswith("memory:"):
         fail("memory:// storage cannot be read from outside the cluster: give the JOB_ID "
              "with --scope and --namespace")  # fmt: skip
-    statuses = {parse_status(s) for s in status or ()}
+    selection = JobSelection(
+        scope=scope,
+        namespace=namespace,
+        types=None if job_type is None else {job_type},
+        statuses={parse_status(s) for s in status} if status else None,
+        older_than=None if older_than is None else parse_older_than(older_than),
+    )
     store = open_stored(storage, f"jobs {command}")
 
     async def read() -> list[JobState]:
@@ -183,8 +236,7 @@ def select(
             if job_id is not None:
                 state = await store.get_job(job_id)
                 return [] if state is None else [state]
-            return await read_jobs(store, scope=scope, namespace=namespace, statuses=statuses,
-                                   job_type=job_type)  # fmt: skip
+            return await select_jobs(store, selection)
         finally:
             await store.close()
 
@@ -228,13 +280,14 @@ class Managers:
 
 
 async def carry_out(
-    operation: Operation, targets: Sequence[Target], managers: Managers
+    operation: Operation, targets: Sequence[Target], managers: Managers, **extra: Any
 ) -> list[Result]:
+    """`operation` on each target, with `extra` (retry-failed's signature and step ids)."""
     results: list[Result] = []
     for target in targets:
         try:
             manager = await managers.get(target.scope, target.namespace)
-            value = await getattr(manager, operation.method)(target.job_id)
+            value = await getattr(manager, operation.method)(target.job_id, **extra)
         except NoManagerError as error:
             results.append(Result(target, ExitCode.REFUSED, str(error)))
         except ChoreographyError as error:
@@ -273,9 +326,11 @@ def operate(
     address: str | None,
     ray_namespace: str,
     as_json: bool,
+    older_than: str | None = None,
+    **extra: Any,
 ) -> None:
     targets, bulk = select(job_id, storage, scope, namespace, status, job_type,
-                           operation.command)  # fmt: skip
+                           operation.command, older_than)  # fmt: skip
     if dry_run:
         return print_selection(operation, targets, as_json)
     if bulk and not targets:
@@ -288,7 +343,7 @@ def operate(
     address = required_address(address, f"jobs {operation.command} acts through the jobs manager")
     managers = Managers(resolve_storage(storage), ray_namespace)
     with joined(address, ray_namespace):
-        results = asyncio.run(carry_out(operation, targets, managers))
+        results = asyncio.run(carry_out(operation, targets, managers, **extra))
     if not bulk:
         (result,) = results
         if as_json:
@@ -336,6 +391,7 @@ def make_command(operation: Operation) -> Callable[..., None]:
         job_type: TypeFilter = None,
         scope: JobScopeOption = None,
         namespace: JobNamespaceOption = None,
+        older_than: OlderThanOption = None,
         dry_run: DryRunOption = False,
         yes: YesOption = False,
         storage: StorageOption = None,
@@ -345,15 +401,37 @@ def make_command(operation: Operation) -> Callable[..., None]:
     ) -> None:
         operate(operation, job_id, storage=storage, scope=scope, namespace=namespace,
                 status=status, job_type=job_type, dry_run=dry_run, yes=yes, address=address,
-                ray_namespace=ray_namespace, as_json=as_json)  # fmt: skip
+                ray_namespace=ray_namespace, as_json=as_json, older_than=older_than)  # fmt: skip
 
-    command.__name__ = operation.method
-    command.__doc__ = (
+    def retry_command(
+        job_id: JobIdOption = None,
+        status: StatusFilter = None,
+        job_type: TypeFilter = None,
+        scope: JobScopeOption = None,
+        namespace: JobNamespaceOption = None,
+        older_than: OlderThanOption = None,
+        signature: SignatureOption = None,
+        step: StepOption = None,
+        dry_run: DryRunOption = False,
+        yes: YesOption = False,
+        storage: StorageOption = None,
+        address: ClusterAddressOption = None,
+        ray_namespace: RayNamespaceOption = DEFAULT_NAMESPACE,
+        as_json: JsonOption = False,
+    ) -> None:
+        operate(operation, job_id, storage=storage, scope=scope, namespace=namespace,
+                status=status, job_type=job_type, dry_run=dry_run, yes=yes, address=address,
+                ray_namespace=ray_namespace, as_json=as_json, older_than=older_than,
+                signature=signature, step_ids=step or None)  # fmt: skip
+
+    made = retry_command if operation.method == "retry_failed_steps" else command
+    made.__name__ = operation.method
+    made.__doc__ = (
         f"{operation.help}\n\nExit codes: 0 done; 1 refused (the error code says why) or no "
         "jobs manager runs; 2 no such job, no --address, another storage; 4 the cluster or "
         "the storage cannot be reached."
     )
-    return command
+    return made
 
 
 def rehydrate(

@@ -1,4 +1,5 @@
-"""`jobs list`, `jobs show ID`, `jobs steps ID`: jobs and steps as stored.
+"""`jobs list`, `jobs show ID`, `jobs steps ID`, `jobs failures ID`: jobs, steps and failure
+clusters as stored.
 
 They read the storage directly, opened read-only (it creates nothing), and start no Ray: the
 job record is the truth (a job actor's counters are a cache of it), and a finished job has no
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
+from rich import box
+from rich.table import Table
 
 from choreography_ray.cli._common import (
     JsonOption,
@@ -37,7 +40,9 @@ from choreography_ray.cli._render import (
     outcome,
     steps_table,
     summary,
+    when,
 )
+from choreography_ray.failures import FailureCluster
 from choreography_ray.model import JobState, StepState
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.storage import Storage
@@ -46,6 +51,8 @@ from choreography_ray.storage import Storage
 FAILED = FAILED_STEP | {StepStatus.UNREACHABLE}
 #: At most this many jobs or steps unless `--limit` says otherwise.
 DEFAULT_LIMIT = 100
+#: The failure clusters (most frequent first) `jobs show` lists; `jobs failures` lists all.
+CLUSTERS_SHOWN = 3
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
@@ -78,6 +85,15 @@ JobNamespaceCheck = Annotated[
     typer.Option("--namespace", help="The job's namespace: another one's job is not found.",
                  show_default="any"),
 ]  # fmt: skip
+SignatureFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--signature",
+        metavar="SIGNATURE",
+        show_default=False,
+        help="Only the failed steps of this failure signature (as `jobs failures` prints it).",
+    ),
+]
 
 
 async def read_job(
@@ -205,20 +221,21 @@ def show(
         bool, typer.Option("--json", help="Print the job state as JSON (as `run` does).")
     ] = False,
 ) -> None:
-    """Show a job: its status, counts per stage, status history, error and first failed steps."""
+    """Show a job: its status, counts per stage, status history, error, first failed steps and
+    most frequent failure signatures."""
     store = open_stored(storage, "jobs show")
 
-    async def read() -> tuple[JobState | None, list[StepState]]:
+    async def read() -> tuple[JobState | None, list[StepState], list[FailureCluster]]:
         try:
             state = await read_job(store, job_id, scope, namespace)
-            failed: list[StepState] = []
-            if state is not None and state.progress.has_failures:
-                failed = await store.list_steps(job_id, statuses=FAILED, limit=FAILED_STEPS_SHOWN)
-            return state, failed
+            if state is None or not state.progress.has_failures or as_json:
+                return state, [], []
+            failed = await store.list_steps(job_id, statuses=FAILED, limit=FAILED_STEPS_SHOWN)
+            return state, failed, await store.failure_clusters(job_id)
         finally:
             await store.close()
 
-    state, failed = asyncio.run(read())
+    state, failed, clusters = asyncio.run(read())
     if state is None:
         fail(f"no job {job_id} in {where(store, scope, namespace)}")
     if as_json:
@@ -235,6 +252,12 @@ def show(
         console.print(failed_steps_table(failed, failed_total))
         if failed_total > len(failed):
             console.print(f"All of them: choreography-ray jobs steps {state.id}",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+    if clusters:
+        console.print()
+        console.print(clusters_table(clusters[:CLUSTERS_SHOWN], len(clusters), full=False))
+        if len(clusters) > CLUSTERS_SHOWN:
+            console.print(f"All of them: choreography-ray jobs failures {state.id}",
                           highlight=False, soft_wrap=True)  # fmt: skip
 
 
@@ -273,11 +296,15 @@ def steps(
         str | None,
         typer.Option(metavar="STEP_ID", show_default=False, help="Only steps after this id."),
     ] = None,
+    signature: SignatureFilter = None,
     as_json: JsonOption = False,
 ) -> None:
     """List a job's stored steps (failed ones by default) with their attempts and messages.
 
     A step that succeeded is not stored any more, so `all` lists the steps without success."""
+    if signature is not None and status:
+        raise typer.BadParameter("--signature lists failed steps: leave out --status",
+                                 param_hint="--status")  # fmt: skip
     wanted = parse_step_statuses(status)
     store = open_stored(storage, "jobs steps")
 
@@ -286,6 +313,9 @@ def steps(
             state = await read_job(store, job_id, scope, namespace)
             if state is None:
                 return None, []
+            if signature is not None:
+                return state, await store.list_failed(job_id, signature, after=after,
+                                                      limit=limit)  # fmt: skip
             return state, await store.list_steps(job_id, statuses=wanted, after=after,
                                                  limit=limit)  # fmt: skip
         finally:
@@ -298,6 +328,68 @@ def steps(
         print_json([s.model_dump(mode="json") for s in found])
         return
     which = "stored" if wanted is None else ", ".join(sorted(s.name for s in wanted))
+    if signature is not None:
+        which = f"failed with signature {signature}"
     console.print(steps_table(found, f"{len(found)} step(s) of job {job_id} ({which})"))
     if len(found) == limit:
         console.print(f"More may follow: --after {found[-1].step_id}", highlight=False)
+
+
+def clusters_table(clusters: Sequence[FailureCluster], total: int, *, full: bool) -> Table:
+    """Failure clusters, most frequent first: each signature's count and example step; `full`
+    adds when the first and last were stored and the example's whole message."""
+    if full:
+        table = Table(title=f"{total:,} failure signature(s)", title_justify="left",
+                      box=box.SIMPLE_HEAD)  # fmt: skip
+    else:
+        table = Table(title=f"Failures by signature ({len(clusters)} of {total:,})",
+                      title_justify="left")  # fmt: skip
+    table.add_column("Count", justify="right", no_wrap=True)
+    table.add_column("Signature", overflow="fold")
+    if full:
+        table.add_column("First seen (UTC)", no_wrap=True)
+        table.add_column("Last seen (UTC)", no_wrap=True)
+    table.add_column("Example step", no_wrap=True)
+    if full:
+        table.add_column("Example message", overflow="fold")
+    for cluster in clusters:
+        seen = [when(cluster.first_seen), when(cluster.last_seen)] if full else []
+        message = [cluster.example_message or "-"] if full else []
+        table.add_row(f"{cluster.count:,}", cluster.signature, *seen, cluster.example_step_id,
+                      *message)  # fmt: skip
+    return table
+
+
+def failures(
+    job_id: JobIdArgument,
+    storage: StorageOption = None,
+    scope: JobScopeCheck = None,
+    namespace: JobNamespaceCheck = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a job's failed steps grouped by failure signature, most frequent first, each with
+    when its first and last failure were stored and one example step with its whole message."""
+    store = open_stored(storage, "jobs failures")
+
+    async def read() -> tuple[JobState | None, list[FailureCluster]]:
+        try:
+            state = await read_job(store, job_id, scope, namespace)
+            if state is None:
+                return None, []
+            return state, await store.failure_clusters(job_id)
+        finally:
+            await store.close()
+
+    state, clusters = asyncio.run(read())
+    if state is None:
+        fail(f"no job {job_id} in {where(store, scope, namespace)}")
+    if as_json:
+        print_json([c.model_dump(mode="json") for c in clusters])
+        return
+    if not clusters:
+        console.print(f"No stored failed step of job {job_id}", highlight=False, soft_wrap=True)
+        return
+    console.print(clusters_table(clusters, len(clusters), full=True))
+    console.print(f"The steps of one: choreography-ray jobs steps {job_id} --signature "
+                  "SIGNATURE\nRun them again: choreography-ray jobs retry-failed "
+                  f"{job_id} --signature SIGNATURE", highlight=False, soft_wrap=True)  # fmt: skip
