@@ -292,7 +292,8 @@ class Storage(Protocol):
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
         """Bulk status update, in one write. Steps that no longer exist, or whose stored attempt
         is later than the update's, are skipped: an earlier attempt's outcome, written again
-        after a lost acknowledgement, never overwrites a later attempt's."""
+        after a lost acknowledgement, never overwrites a later attempt's. The same update
+        written again records its status change once."""
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         """Sets each step's lease (and `updated`) where the step is still RUNNING at the

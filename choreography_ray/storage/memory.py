@@ -248,7 +248,9 @@ class MemoryStorage:
             step = steps.get(u.step_id)
             if step is None or step.attempt > u.attempt:
                 continue
-            changes = step.status_changes if u.change is None else (*step.status_changes, u.change)
+            changes = step.status_changes
+            if u.change is not None and changes[-1:] != (u.change,):
+                changes = (*changes, u.change)
             steps[u.step_id] = step.model_copy(
                 update={
                     "status": u.status,

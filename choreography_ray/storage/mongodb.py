@@ -124,8 +124,14 @@ from choreography_ray.storage import (
 #: database takes to fail. The connect timeout is also the read timeout of the driver's heartbeat
 #: to a server without streaming `hello` (nx), and a timed-out heartbeat cancels every operation
 #: in flight: nx answers nothing while it runs one operation (about 5 s for a `$group` over
-#: 100,000 steps), so this one stays at pymongo's default.
-DEFAULT_TIMEOUTS_MS = {"serverSelectionTimeoutMS": 5_000, "connectTimeoutMS": 20_000}
+#: 100,000 steps), so this one stays at pymongo's default. The socket timeout bounds one
+#: operation's wait for its answer (pymongo's default is none: a half-open connection would
+#: hold its call for ever); a minute is far above the longest operation the runtime makes.
+DEFAULT_TIMEOUTS_MS = {
+    "serverSelectionTimeoutMS": 5_000,
+    "connectTimeoutMS": 20_000,
+    "socketTimeoutMS": 60_000,
+}
 #: Threads running the driver's blocking calls, per storage instance.
 POOL_THREADS = 4
 DEFAULT_DATABASE = "choreography"
@@ -659,7 +665,9 @@ class MongoStorage:
             }
             change: Doc = {"$set": {**fields, "updated": now}}
             if u.change is not None:
-                change["$push"] = {"status_changes": u.change.model_dump_json()}
+                # A set, not a push: the same change written again (its acknowledgement lost)
+                # is recorded once; each change is its own instant, so no other is lost.
+                change["$addToSet"] = {"status_changes": u.change.model_dump_json()}
             if len(keys) == 1:
                 writes.append(UpdateOne({"_id": keys[0], "attempt": {"$lte": u.attempt}}, change))
                 continue

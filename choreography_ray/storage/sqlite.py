@@ -58,7 +58,8 @@ as every reader of one does; they belong to the database and hold nothing of the
 Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
 an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
 meanwhile; it returns the rows the `executemany` changed. A status change is appended in SQL
-(`json_insert(status_changes, '$[#]', ...)`), never read, grown and rewritten.
+(`json_insert(status_changes, '$[#]', ...)`), never read, grown and rewritten, unless it is the
+last one already (the same update written again after its acknowledgement was lost).
 Rows are serialized with plain tuples and `pydantic_core.to_json`, not a model dump per row. A
 row that does not parse raises `CorruptRecordError`; a lock still held after the busy timeout
 raises `StorageUnavailableError`, any other sqlite3 error `StorageError`.
@@ -222,7 +223,8 @@ _INSERT_PLAN = f"""INSERT INTO job_steps ({", ".join(_STEP_COLUMNS)})
 _DELETE_STEPS = """DELETE FROM job_steps
     WHERE job_id = ?1 AND step_id IN (SELECT value FROM json_each(?2))"""
 _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, updated = ?4,
-    status_changes = CASE WHEN ?5 IS NULL THEN status_changes
+    status_changes = CASE WHEN ?5 IS NULL OR json_extract(status_changes, '$[#-1]') = json(?5)
+                          THEN status_changes
                           ELSE json_insert(status_changes, '$[#]', json(?5)) END,
     failure_signature = ?8
     WHERE job_id = ?6 AND step_id = ?7 AND attempt <= ?2"""

@@ -540,6 +540,18 @@ async def test_update_steps__sets_status_appends_changes_and_sets_or_clears_leas
     assert untouched is not None and (untouched.status, untouched.status_changes) == (SCHEDULED, ())
 
 
+async def test_update_steps__written_again_records_its_change_once(storage: Storage) -> None:
+    await storage.insert_steps([step("j1", "s1")])
+    change = StatusChange(status="Failed", occurred=T0, exception_messages=("boom",))
+    update = StepUpdate("j1", "s1", FAILED, 1, change=change, failure_signature="boom")
+
+    await storage.update_steps([update])
+    await storage.update_steps([update])  # its acknowledgement was lost
+
+    stored = await storage.get_step("j1", "s1")
+    assert stored is not None and stored.status_changes == (change,)
+
+
 async def test_update_steps__an_earlier_attempts_outcome_never_overwrites_a_later_one(
     storage: Storage,
 ) -> None:
