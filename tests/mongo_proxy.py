@@ -26,11 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import bson
 
@@ -247,11 +252,61 @@ async def _read(reader: asyncio.StreamReader) -> bytes | None:
 @contextlib.contextmanager
 def fault_proxy(upstream_url: str) -> Iterator[FaultProxy]:
     """A proxy to the server of `upstream_url` (host and port), closed at the end."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(upstream_url)
     proxy = FaultProxy(parts.hostname or "127.0.0.1", parts.port or 27017)
     try:
         yield proxy
     finally:
         proxy.close()
+
+
+#: How long a started nx-27017 server may take to accept connections, in seconds.
+NX_START_SECONDS = 30.0
+
+
+def nx_command() -> list[str]:
+    script = Path(sys.executable).with_name("nx-27017")
+    if script.exists():
+        return [str(script)]
+    # The package has no __main__; its console script calls this.
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from nx_27017.nx_27017 import main; sys.exit(main())",
+    ]
+
+
+def start_nx(home: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
+    """An nx-27017 server on 127.0.0.1:`port` keeping its databases under `home` (one file per
+    database: with one `--db` file every database would share the same collections), and its
+    URL without a database. Raises `RuntimeError` (with the server's output) when it does not
+    accept connections in time; the caller stops it (`terminate`, then `wait`)."""
+    (home / "databases").mkdir(parents=True, exist_ok=True)
+    options = ["--host", "127.0.0.1", "-p", str(port), "--data-dir", str(home / "databases")]
+    options += ["--pid-file", str(home / "nx.pid"), "--log-file", str(home / "nx.log")]
+    with (home / "output.log").open("wb") as output:
+        try:
+            server = subprocess.Popen(
+                [*nx_command(), *options], cwd=home, stdout=output, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            raise RuntimeError(f"cannot start nx-27017: {exc}") from exc
+    deadline = time.monotonic() + NX_START_SECONDS
+    while not _accepts(port):
+        exited = server.poll() is not None
+        if exited or time.monotonic() > deadline:
+            server.kill()
+            server.wait()
+            why = f"exited ({server.returncode})" if exited else "timed out"
+            log = (home / "output.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"nx-27017 on port {port} {why} before accepting connections\n{log}")
+        time.sleep(0.1)
+    return server, f"mongodb://127.0.0.1:{port}/"
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

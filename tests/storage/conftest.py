@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +20,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from choreography_ray.storage import Storage, open_storage, redact_url
+from tests.mongo_proxy import start_nx
 from tests.support import free_port, missing_service
 
 MONGODB_URI_ENV = "CHOREOGRAPHY_MONGODB_URI"
-#: How long a started nx-27017 server may take to accept connections, in seconds.
-SERVER_START_SECONDS = 30.0
 #: How long the server may take to exit once asked to, in seconds.
 SERVER_STOP_SECONDS = 10.0
 
@@ -53,26 +49,6 @@ def runner() -> Iterator[asyncio.Runner]:
         yield loop_runner
 
 
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _nx_command() -> list[str]:
-    script = Path(sys.executable).with_name("nx-27017")
-    if script.exists():
-        return [str(script)]
-    # The package has no __main__; its console script calls this.
-    return [
-        sys.executable,
-        "-c",
-        "import sys; from nx_27017.nx_27017 import main; sys.exit(main())",
-    ]
-
-
 @pytest.fixture(scope="session")
 def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a MongoDB wire-protocol server, without a database."""
@@ -81,31 +57,12 @@ def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             missing_service(f"{MONGODB_URI_ENV}={redact_url(uri)} does not answer: {error}")
         yield uri
         return
-    home = tmp_path_factory.mktemp("nx-27017")
-    port = free_port()
-    # --data-dir, not --db: with one --db file every database name shares the same collections.
-    (home / "databases").mkdir()
-    options = ["--host", "127.0.0.1", "-p", str(port), "--data-dir", str(home / "databases")]
-    options += ["--pid-file", str(home / "nx.pid"), "--log-file", str(home / "nx.log")]
-    with (home / "output.log").open("wb") as output:
-        try:
-            server = subprocess.Popen(
-                [*_nx_command(), *options], cwd=home, stdout=output, stderr=subprocess.STDOUT
-            )
-        except OSError as exc:
-            missing_service(f"cannot start nx-27017: {exc}")
-    deadline = time.monotonic() + SERVER_START_SECONDS
-    while not _accepts(port):
-        exited = server.poll() is not None
-        if exited or time.monotonic() > deadline:
-            server.kill()
-            server.wait()
-            why = f"exited ({server.returncode})" if exited else "timed out"
-            log = (home / "output.log").read_text(errors="replace")[-2000:]
-            missing_service(f"nx-27017 on port {port} {why} before accepting connections\n{log}")
-        time.sleep(0.1)
     try:
-        yield f"mongodb://127.0.0.1:{port}/"
+        server, url = start_nx(tmp_path_factory.mktemp("nx-27017"), free_port())
+    except RuntimeError as exc:
+        missing_service(str(exc))
+    try:
+        yield url
     finally:
         server.terminate()
         try:
