@@ -2,7 +2,8 @@
 a server (`nx-27017`, or the `mongod` of `CHOREOGRAPHY_MONGODB_URI`), that injects the faults a
 network and a server cause for real, message by message:
 
-- `latency`: every request waits this long before it is forwarded;
+- `latency`: every request waits this long before it is forwarded (`slow(delay, seconds)`: for
+  a while);
 - `reset(command)`: the next request of that command is not forwarded; its connection is closed
   (the driver sees a reset before the server saw anything);
 - `drop_reply(command)`: the next request of that command is forwarded and applied, and its
@@ -78,6 +79,7 @@ class FaultProxy:
         self.hits: list[tuple[str, str]] = []
         self._faults: list[_Fault] = []
         self._partition: tuple[float, bool] | None = None
+        self._slow: tuple[float, float] | None = None
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -107,6 +109,10 @@ class FaultProxy:
     def hang(self, command: str | None = None, times: int = 1) -> None:
         self._add("hang", command, times)
 
+    def slow(self, delay: float, seconds: float) -> None:
+        with self._lock:
+            self._slow = (time.monotonic() + seconds, delay)
+
     def partition(self, seconds: float, refuse: bool = True) -> None:
         with self._lock:
             self._partition = (time.monotonic() + seconds, refuse)
@@ -116,7 +122,7 @@ class FaultProxy:
     def heal(self) -> None:
         """Ends a partition and forgets the faults not fired yet."""
         with self._lock:
-            self._partition = None
+            self._partition = self._slow = None
             self._faults.clear()
 
     def close(self) -> None:
@@ -152,6 +158,12 @@ class FaultProxy:
                     self.hits.append((fault.kind, command))
                     return fault.kind
         return None
+
+    def _delay(self) -> float:
+        with self._lock:
+            if self._slow is not None and time.monotonic() < self._slow[0]:
+                return self._slow[1]
+            return self.latency
 
     def _partitioned(self) -> bool | None:
         """None when there is no partition now, else whether it refuses."""
@@ -211,8 +223,8 @@ class FaultProxy:
         dropped: set[int],
     ) -> None:
         while (message := await _read(client_in)) is not None:
-            if self.latency:
-                await asyncio.sleep(self.latency)
+            if delay := self._delay():
+                await asyncio.sleep(delay)
             refuse = self._partitioned()
             if refuse is True:
                 return

@@ -111,6 +111,15 @@ def chaos(
             "removals, or with their hosts.",
         ),
     ] = "soak",
+    storage: Annotated[
+        str,
+        typer.Option(
+            "--storage",
+            help="sqlite: an SQLite file under the storage wrapper's faults; mongodb: MongoDB "
+            "behind the fault proxy (CHOREOGRAPHY_MONGODB_URI's server, else an nx-27017 of "
+            "each run's own), with the proxy's faults.",
+        ),
+    ] = "sqlite",
     json_file: Annotated[
         Path | None,
         typer.Option("--json", metavar="FILE", help="Write every run and the summary as JSON."),
@@ -124,11 +133,13 @@ def chaos(
     harness = _harness()
     if profile not in harness.PROFILES:
         fail(f"unknown profile {profile!r}: use one of {', '.join(harness.PROFILES)}")
+    if storage not in harness.STORAGES:
+        fail(f"unknown storage {storage!r}: use one of {', '.join(harness.STORAGES)}")
     results = []
     for i in range(runs):
         run_seed = seed + i
         err_console.print(f"seed {run_seed}: running", style="dim", highlight=False)
-        result = harness.run_seed(run_seed, profile, keep=keep)
+        result = harness.run_seed(run_seed, profile, keep=keep, storage=storage)
         results.append(result)
         console.print(_line(result), highlight=False, markup=False, soft_wrap=True)
         if not result.ok:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 from ray.cluster_utils import Cluster
@@ -39,6 +39,9 @@ from tests.chaos import storage_faults
 from tests.chaos.jobs import RUN_DIR_ENV
 from tests.chaos.storage_faults import BUSY_ENV
 from tests.support import free_port, read_trace
+
+if TYPE_CHECKING:
+    from tests.mongo_proxy import FaultProxy
 
 T = TypeVar("T")
 
@@ -83,15 +86,32 @@ STORAGE_FAULTS = (
     "storage_slow",
     "storage_lost_ack",
 )
+#: The fault proxy's, on MongoDB (`tests.mongo_proxy`).
+MONGODB_FAULTS = (
+    "mongo_latency",
+    "mongo_reset",
+    "mongo_lost_ack",
+    "mongo_partition",
+    "mongo_blackhole",
+    "mongo_half_open",
+)
 DELIVERY_FAULTS = ("drop_deliveries", "duplicate_delivery")
 OPERATOR_ACTIONS = ("op_stop", "op_resume", "op_double_resume", "op_remove", "op_retry_failed")
-KINDS = PROCESS_FAULTS + NODE_FAULTS + STORAGE_FAULTS + DELIVERY_FAULTS + OPERATOR_ACTIONS
+KINDS = (
+    PROCESS_FAULTS + NODE_FAULTS + STORAGE_FAULTS + MONGODB_FAULTS + DELIVERY_FAULTS
+    + OPERATOR_ACTIONS
+)  # fmt: skip
 
 #: Faults that can lose a running step or its outcome's write: a step in flight at one of
 #: them may run again.
 LOSSY = frozenset(
-    {"kill_host_ray", "kill_host_sigkill", "remove_node", "restart_cluster", *STORAGE_FAULTS}
-)
+    {
+        "kill_host_ray", "kill_host_sigkill", "remove_node", "restart_cluster", *STORAGE_FAULTS,
+        *MONGODB_FAULTS,
+    }
+)  # fmt: skip
+#: The commands a one-shot proxy fault aims at: the writes the runtime makes.
+MONGODB_WRITES = ("update", "insert", "delete", "findAndModify")
 
 
 @dataclass
@@ -124,8 +144,11 @@ class ChaosCluster:
         dashboard: bool = False,
         log: Callable[[str], None] = print,
         sqlite_busy_seconds: float | None = None,
+        proxy: FaultProxy | None = None,
     ) -> None:
         self.run_dir = run_dir
+        #: The fault proxy in front of MongoDB, on that storage.
+        self.proxy = proxy
         self.storage_url = storage_url
         self.storage_path = storage_url.removeprefix("sqlite:///")
         self.options = options
@@ -212,18 +235,23 @@ class ChaosCluster:
 
     def call(self, fn: Callable[[], T], patience: float = CALL_PATIENCE) -> T:
         """`fn()`, retried while Ray says the actor it calls is restarting (the public client
-        lets Ray's errors through today; each one is counted)."""
+        lets Ray's errors through today), or while storage is unavailable (a partition of
+        MongoDB: the caller is told, and asks again, as an operator would); each is counted."""
         deadline = time.monotonic() + patience
         while True:
             try:
                 return fn()
+            except cr.StorageUnavailableError as error:
+                self.stats.count(error)
+                if time.monotonic() > deadline:
+                    raise
             except cr.ChoreographyError:
                 raise  # the project's own error (Ray wraps it in a RayTaskError of its type)
             except ray.exceptions.RayError as error:
                 self.stats.count(error)
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.2)
+            time.sleep(0.2)
 
     # -- what is alive ----------------------------------------------------------------------
 
@@ -330,6 +358,30 @@ def _operate(world: ChaosCluster, job_id: str, method: str) -> Injected:
     return Injected(True, f"{method} answered {answer!r}", answer="ok")
 
 
+def _mongodb_fault(world: ChaosCluster, kind: str, seconds: float, pick: float) -> Injected:
+    """A fault of the proxy: lasting ones for `seconds`; one-shot ones on the next one to
+    three requests of a write command `pick` chooses (a half-open connection on any request)."""
+    proxy = world.proxy
+    if proxy is None:
+        return Injected(False, "no fault proxy: the run is not on MongoDB")
+    until = time.time() + seconds
+    if kind == "mongo_latency":
+        delay = round(0.02 + 0.2 * pick, 3)
+        proxy.slow(delay, seconds)
+        return Injected(True, f"{delay * 1000:.0f} ms a request for {seconds:.1f} s", until=until)
+    if kind in ("mongo_partition", "mongo_blackhole"):
+        refuse = kind == "mongo_partition"
+        proxy.partition(seconds, refuse=refuse)
+        how = "refused" if refuse else "black-holed"
+        return Injected(True, f"every connection {how} for {seconds:.1f} s", until=until)
+    times = 1 + int(pick * 3) % 3
+    command = None if kind == "mongo_half_open" else MONGODB_WRITES[int(pick * 97) % 4]
+    {"mongo_reset": proxy.reset, "mongo_lost_ack": proxy.drop_reply,
+     "mongo_half_open": proxy.hang}[kind](command, times)  # fmt: skip
+    return Injected(True, f"{kind.removeprefix('mongo_')} on the next {times} "
+                          f"{command or 'request'}(s)")  # fmt: skip
+
+
 def inject(
     world: ChaosCluster,
     kind: str,
@@ -395,6 +447,8 @@ def inject(
         return _lock(world, seconds)
     if kind == "storage_lock_refuse":
         return _lock(world, world.sqlite_busy_seconds + seconds)
+    if kind in MONGODB_FAULTS:
+        return _mongodb_fault(world, kind, seconds, pick)
     if kind in ("storage_refuse", "storage_slow", "storage_lost_ack"):
         mode = kind.removeprefix("storage_")
         storage_faults.set_fault(world.run_dir, mode, seconds, delay=0.3 + pick, p=0.5)

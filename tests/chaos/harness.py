@@ -11,7 +11,12 @@ not: which steps are in flight when a fault fires depends on the machine.
 a process with another one, and a hung run is killed with its process group), and returns the
 run's result: what each fault did, the invariants violated, the re-runs of in-flight steps, and
 the time each fault took the jobs to make progress again. `python -m tests.chaos.harness SEED
-[PROFILE]` runs one seed in the foreground and prints its result.
+[PROFILE [STORAGE]]` runs one seed in the foreground and prints its result.
+
+A run keeps its jobs in an SQLite file (the storage wrapper's faults) or, with `storage=
+"mongodb"`, in MongoDB behind the fault proxy (`tests.mongo_proxy`, its faults in place of the
+wrapper's): on `CHOREOGRAPHY_MONGODB_URI`'s server when it is set, else on an nx-27017 server
+of the run's own. A seed draws the same jobs on both, its faults from the storage's kinds.
 """
 
 from __future__ import annotations
@@ -29,9 +34,13 @@ import tempfile
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.mongo_proxy import FaultProxy
 
 #: The repository root: the chaos subprocess runs there, with it on PYTHONPATH.
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +50,22 @@ RUNS_DIR = Path(tempfile.gettempdir()) / "choreography-chaos"
 
 #: The faults of the storage wrapper (`storage_faults`): injected only if a write met them.
 WRAPPER_FAULTS = ("storage_refuse", "storage_slow", "storage_lost_ack")
+
+#: The providers a run may keep its jobs in: an SQLite file under the storage wrapper, or
+#: MongoDB behind the fault proxy (`tests.mongo_proxy`), whose faults replace the wrapper's.
+STORAGES = ("sqlite", "mongodb")
+#: The proxy's faults and their weights, in place of every `storage_` kind on MongoDB.
+MONGODB_WEIGHTS = {
+    "mongo_latency": 1.5,
+    "mongo_reset": 1.5,
+    "mongo_lost_ack": 3.0,
+    "mongo_partition": 1.5,
+    "mongo_blackhole": 1.0,
+    "mongo_half_open": 1.5,
+}
+#: The proxy's faults that fire on a request: injected only if a request met them.
+ONE_SHOT_MONGODB_FAULTS = {"mongo_reset": "reset", "mongo_lost_ack": "drop_reply",
+                           "mongo_half_open": "hang"}  # fmt: skip
 
 #: The Ray namespace of every run (each run has its own cluster).
 RAY_NAMESPACE = "chaos"
@@ -198,6 +223,8 @@ class RunPlan:
     #: Whether the cluster runs Ray's dashboard, which serves the state API (`ray.util.state`)
     #: the lease rule asks whether a step's hosting actor is gone.
     state_api: bool = False
+    #: One of `STORAGES`.
+    storage: str = "sqlite"
 
     def options(self) -> Any:
         import choreography_ray as cr
@@ -220,6 +247,7 @@ class RunPlan:
         return {
             "seed": self.seed,
             "profile": self.profile,
+            "storage": self.storage,
             "worker_nodes": self.worker_nodes,
             "leases": self.leases,
             "state_api": self.state_api,
@@ -275,8 +303,19 @@ def _job_plan(rng: random.Random, profile: Profile, window: int | None, retryabl
     return JobPlan("retryable" if retryable else "staged", steps)
 
 
-def plan_run(seed: int, profile: str = "ci") -> RunPlan:
+def fault_weights(profile: Profile, storage: str) -> dict[str, float]:
+    """The profile's fault kinds for a run on `storage`: on MongoDB the proxy's faults replace
+    the SQLite ones."""
+    if storage == "sqlite":
+        return profile.weights
+    kept = {k: w for k, w in profile.weights.items() if not k.startswith("storage_")}
+    return {**kept, **MONGODB_WEIGHTS}
+
+
+def plan_run(seed: int, profile: str = "ci", storage: str = "sqlite") -> RunPlan:
     """Everything a run does, drawn from `seed`."""
+    if storage not in STORAGES:
+        raise ValueError(f"unknown storage {storage!r}: one of {', '.join(STORAGES)}")
     shape = PROFILES[profile]
     rng = random.Random(seed)
     window = rng.choice([4, 8, 16, 32, None])
@@ -284,8 +323,9 @@ def plan_run(seed: int, profile: str = "ci") -> RunPlan:
         _job_plan(rng, shape, window, retryable=rng.random() < 0.35)
         for _ in range(rng.randint(*shape.jobs))
     ]
-    kinds = list(shape.weights)
-    weights = [shape.weights[k] for k in kinds]
+    drawn = fault_weights(shape, storage)
+    kinds = list(drawn)
+    weights = [drawn[k] for k in kinds]
     faults: list[FaultPlan] = []
     for _ in range(rng.randint(*shape.faults)):
         kind = rng.choices(kinds, weights)[0]
@@ -317,6 +357,7 @@ def plan_run(seed: int, profile: str = "ci") -> RunPlan:
         jobs=jobs,
         faults=faults,
         state_api=state_api,
+        storage=storage,
     )
 
 
@@ -431,8 +472,55 @@ def _status(world: Any, job_id: str) -> tuple[str, int]:
     return str(state.status.value), done
 
 
+#: MongoDB's deadlines in a run (docs/chaos.md): a half-open connection or a partition fails a
+#: call within seconds, not the provider's minute.
+RUN_MONGODB_TIMEOUTS = {
+    "serverSelectionTimeoutMS": 3000,
+    "socketTimeoutMS": 5000,
+    "connectTimeoutMS": 10000,
+}
+
+
+@contextlib.contextmanager
+def run_storage(plan: RunPlan, run_dir: Path) -> Iterator[tuple[str, FaultProxy | None]]:
+    """The run's storage URL, and the fault proxy in front of it on MongoDB: a database of its
+    own on `CHOREOGRAPHY_MONGODB_URI`'s server (dropped at the end), else on an nx-27017 server
+    of the run's own (stopped at the end)."""
+    if plan.storage == "sqlite":
+        yield f"sqlite:///{run_dir / 'jobs.db'}", None
+        return
+    from tests.mongo_proxy import fault_proxy, start_nx
+    from tests.support import free_port
+
+    upstream = os.environ.get("CHOREOGRAPHY_MONGODB_URI")
+    server = None
+    if upstream is None:
+        server, upstream = start_nx(run_dir / "nx-27017", free_port())
+    database = f"chaos_{plan.seed}_{os.getpid()}"
+    try:
+        with fault_proxy(upstream) as proxy:
+            yield proxy.url(database, **RUN_MONGODB_TIMEOUTS), proxy
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+        else:
+            import pymongo
+
+            client: pymongo.MongoClient[dict[str, Any]]
+            with pymongo.MongoClient(upstream, serverSelectionTimeoutMS=5000) as client:
+                client.drop_database(database)
+
+
 def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
     """Carries the plan out on a cluster of its own and checks the invariants."""
+    with run_storage(plan, run_dir) as (storage_url, proxy):
+        return _execute(plan, run_dir, storage_url, proxy, log)
+
+
+def _execute(
+    plan: RunPlan, run_dir: Path, storage_url: str, proxy: FaultProxy | None, log: Any
+) -> RunResult:
     from tests.chaos import faults as chaos_faults
     from tests.chaos import invariants
     from tests.chaos.jobs import JOB_TYPES, ChaosRequest
@@ -442,7 +530,8 @@ def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
     step_log = run_dir / "steps.jsonl"
     world = chaos_faults.ChaosCluster(
         run_dir=run_dir,
-        storage_url=f"sqlite:///{run_dir / 'jobs.db'}",
+        storage_url=storage_url,
+        proxy=proxy,
         options=plan.options(),
         namespace=RAY_NAMESPACE,
         scope=f"chaos-{plan.seed}",
@@ -552,6 +641,8 @@ def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
                 record.progress_again_after = invariants.progress_again(
                     progress, running, record.began, record.ended
                 )
+        if proxy is not None:
+            proxy.heal()  # the checks read storage: a fault not fired yet is not theirs
         invariants.check(world, plan, result, job_ids, states, expectations, step_log, run_dir)
         result.jobs = [
             {"job": j, "status": states[j], "steps": plan.jobs[i].total}
@@ -563,6 +654,8 @@ def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
         result.client_ray_errors = dict(world.stats.ray_errors)
         result.storage_fault_hits = dict(
             Counter(e["mode"] for e in _read(run_dir / "storage_faults.jsonl"))
+            if proxy is None
+            else Counter(kind for kind, _ in proxy.hits)
         )
         for record in result.faults:
             mode = record.kind.removeprefix("storage_")
@@ -570,6 +663,10 @@ def execute(plan: RunPlan, run_dir: Path, log: Any = print) -> RunResult:
                 # Turned on, but no write met it (or the wrapper is not in place).
                 record.injected = False
                 record.detail += " (no write met it)"
+            one_shot = ONE_SHOT_MONGODB_FAULTS.get(record.kind)
+            if one_shot is not None and not result.storage_fault_hits.get(one_shot):
+                record.injected = False
+                record.detail += " (no request met it)"
         try:
             world.shutdown()
         except Exception:
@@ -597,11 +694,18 @@ def _session_dir() -> str:
 # -- running a seed (in the caller's process) -------------------------------------------------
 
 
-def run_seed(seed: int, profile: str = "ci", keep: bool = False, stream: Any = None) -> RunResult:
+def run_seed(
+    seed: int,
+    profile: str = "ci",
+    keep: bool = False,
+    stream: Any = None,
+    storage: str = "sqlite",
+) -> RunResult:
     """Runs one seed in a subprocess with its own process group and returns its result. The
-    run's directory (step log, hooks log, SQLite file, driver log) is kept when the run fails
-    or `keep` is set."""
-    run_dir = RUNS_DIR / f"{profile}-{seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    run's directory (step log, hooks log, SQLite file or nx-27017 databases, driver log) is
+    kept when the run fails or `keep` is set."""
+    name = f"{profile}-{seed}" if storage == "sqlite" else f"{profile}-{storage}-{seed}"
+    run_dir = RUNS_DIR / f"{name}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     deadline = PROFILES[profile].deadline
@@ -618,6 +722,7 @@ def run_seed(seed: int, profile: str = "ci", keep: bool = False, stream: Any = N
                 str(seed),
                 profile,
                 str(run_dir),
+                storage,
             ],
             cwd=ROOT,
             env=env,
@@ -640,7 +745,7 @@ def run_seed(seed: int, profile: str = "ci", keep: bool = False, stream: Any = N
         except (ValueError, TypeError):
             result = None
     if result is None:
-        plan = plan_run(seed, profile)
+        plan = plan_run(seed, profile, storage)
         result = RunResult(seed=seed, profile=profile, plan=plan.summary(), run_dir=str(run_dir))
         tail = driver_log.read_text()[-4000:] if driver_log.exists() else ""
         code = process.returncode
@@ -655,8 +760,8 @@ def run_seed(seed: int, profile: str = "ci", keep: bool = False, stream: Any = N
     return result
 
 
-def _child(seed: int, profile: str, run_dir: Path) -> None:
-    plan = plan_run(seed, profile)
+def _child(seed: int, profile: str, run_dir: Path, storage: str) -> None:
+    plan = plan_run(seed, profile, storage)
     deadline = PROFILES[profile].deadline
 
     def on_deadline(*_: Any) -> None:
@@ -673,11 +778,12 @@ def _child(seed: int, profile: str, run_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--child":
-        _child(int(argv[1]), argv[2], Path(argv[3]))
+        _child(int(argv[1]), argv[2], Path(argv[3]), argv[4])
         return 0
     seed = int(argv[0]) if argv else 0
     profile = argv[1] if len(argv) > 1 else "ci"
-    result = run_seed(seed, profile, keep=True, stream=sys.stderr)
+    storage = argv[2] if len(argv) > 2 else "sqlite"
+    result = run_seed(seed, profile, keep=True, stream=sys.stderr, storage=storage)
     print(json.dumps(result.to_json(), indent=2))
     return 0 if result.ok else 1
 

@@ -3,7 +3,8 @@ a bug kept as a regression test. Each seed runs in a subprocess of its own (`run
 soak is `choreography-ray chaos` (docs/chaos.md).
 
 The default test tier runs `DEFAULT`: five seeds of the tier profile that draw every fault kind
-between them. Every other seed below is in the slow tier (`python -m pytest -m slow`);
+of SQLite between them. Every other seed below is in the slow tier (`python -m pytest -m slow`),
+the MongoDB seeds (`MONGODB_SEEDS`, behind the fault proxy) too for now;
 `CHAOS_FULL=1` runs them all in one tier, as `CHAOS_FULL=1 python -m pytest tests/chaos`."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 import choreography_ray as cr
 from tests.chaos import invariants
-from tests.chaos.faults import KINDS
+from tests.chaos.faults import KINDS, MONGODB_FAULTS
 from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_seed
 
 #: Seconds one seed may take: the run's own deadline, and its cluster's shutdown. One xdist
@@ -93,6 +94,14 @@ DEFAULT = {
 }
 
 
+#: Seeds of the tier profile on MongoDB behind the fault proxy, with the faults each draws:
+#: every proxy fault between them (issue 27).
+MONGODB_SEEDS = {
+    5: "mongo_blackhole, op_stop, mongo_reset, mongo_half_open",
+    15: "mongo_latency, duplicate_delivery, mongo_partition, mongo_lost_ack",
+}
+
+
 def seeds(profile: str, chosen: Iterable[int], defects: dict[int, str] | None = None) -> list[Any]:
     """`chosen`'s seeds as parameters: those not in `DEFAULT` in the slow tier, unless
     `CHAOS_FULL`; those in `defects` expected to fail now and then (xfail, not strict)."""
@@ -105,12 +114,12 @@ def seeds(profile: str, chosen: Iterable[int], defects: dict[int, str] | None = 
     return params
 
 
-def run_checked(seed: int, profile: str) -> None:
+def run_checked(seed: int, profile: str, storage: str = "sqlite") -> None:
     """Runs `seed` and checks every invariant; once more when its cluster never came up (Ray
     timed out starting on a busy machine: nothing of the system under test ran)."""
-    result = run_seed(seed, profile)
+    result = run_seed(seed, profile, storage=storage)
     if result.error is not None and not result.ray_sessions:
-        result = run_seed(seed, profile)
+        result = run_seed(seed, profile, storage=storage)
     assert result.ok, describe(result)
 
 
@@ -120,7 +129,13 @@ def test_default__draws_every_fault_kind_and_says_which() -> None:
         kinds = {f.kind for f in plan_run(seed, profile).faults}
         assert kinds == set(said.split(", ")), (profile, seed, kinds)
         drawn |= kinds
-    assert drawn == set(KINDS)
+    on_mongodb: set[str] = set()
+    for seed, said in MONGODB_SEEDS.items():
+        kinds = {f.kind for f in plan_run(seed, "tier", "mongodb").faults}
+        assert kinds == set(said.split(", ")), (seed, kinds)
+        on_mongodb |= kinds
+    assert drawn == set(KINDS) - set(MONGODB_FAULTS)
+    assert set(MONGODB_FAULTS) <= on_mongodb
     assert set(DEFAULT) == {("tier", s) for s in TIER_SEEDS}
 
 
@@ -133,6 +148,12 @@ def test_plan__the_same_seed_draws_the_same_plan_and_schedule() -> None:
 @pytest.mark.parametrize("seed", seeds("tier", TIER_SEEDS))
 def test_chaos_tier_seed__every_invariant_holds(seed: int) -> None:
     run_checked(seed, "tier")
+
+
+@pytest.mark.mongodb
+@pytest.mark.parametrize("seed", seeds("tier", MONGODB_SEEDS))
+def test_chaos_mongodb_seed__every_invariant_holds(seed: int) -> None:
+    run_checked(seed, "tier", "mongodb")
 
 
 @pytest.mark.parametrize("seed", seeds("ci", CI_SEEDS))
