@@ -31,6 +31,18 @@ two dispatchers one wins each entry. The database's clock is the server's `hello
 (no `$$NOW`: nx rejects update pipelines); a server without it falls back to this process's
 clock. Without transactions, the opt-out clears each queued link with its own conditional write;
 the dispatcher checks the flag again when it claims an entry.
+
+A lost acknowledgement (the write applied, its reply lost: nx-27017 and a standalone `mongod`
+do not retry writes) reaches the caller as unavailable, and the caller writes again; every
+write is idempotent or conditional (tests/storage/test_scheduler_mongodb_faults.py). Upserts and
+`replace_one` by `_id` (manifests, runs, checkpoints), a decision's insert, a lease's insert or
+compare-and-swap are idempotent; a claim, a requeue, a cancel, a release and a resolve are
+conditional on the status they change, so a second one finds it changed and is refused. A
+key's marker whose entry was never written is the entry's own when that entry is queued again;
+an entry written with its reply lost keeps its markers (the next cycle cancels it for the run
+it lacks), so the next cycle's entry is refused rather than queued beside it. A release or an
+opt-out that clears a link finishes, written again, what a lost one left: the run's link and
+the replay marker (`_unlink`).
 """
 
 from __future__ import annotations
@@ -152,6 +164,8 @@ def _take_key(db: Database[Doc], marker: str, entry_id: str, now: datetime) -> b
             holder = db.work_queue.find_one({"_id": held.get("entry_id")}, {"status": 1})
             if holder is not None and holder.get("status") == _QUEUED:
                 return False
+            if holder is None and held.get("entry_id") == entry_id:
+                return True  # its own, from a write whose reply was lost
             created = datetime.fromisoformat(str(held.get("created", _iso(now))))
             if holder is None and (now - created).total_seconds() < STALE_MARKER_SECONDS:
                 return False
@@ -181,8 +195,16 @@ def _drop_keys(db: Database[Doc], entry_id: str, markers: Collection[str] | None
     db.work_queue_keys.delete_many(query)
 
 
-def _unlink_run(db: Database[Doc], run_id: str) -> None:
-    db.runs.update_one({"_id": run_id}, {"$set": {"replays": None}})
+def _unlink(db: Database[Doc], entry: Doc, cleared: bool) -> None:
+    """After the replay link of the queued `entry` (as read before) is `cleared`: its run asks
+    afresh too, and the entry gives up its replay key. Also when the link was cleared already
+    by a write whose reply was lost, which did neither: its replay marker shows it."""
+    prefix = _marker_id(QueueKey.REPLAY, "")
+    markers = [m["_id"] for m in db.work_queue_keys.find({"entry_id": entry["_id"]})
+               if str(m["_id"]).startswith(prefix)]  # fmt: skip
+    if cleared or markers:
+        db.runs.update_one({"_id": entry["run_id"]}, {"$set": {"replays": None}})
+        _drop_keys(db, entry["_id"], markers)
 
 
 class MongoSchedulerStorage:
@@ -248,14 +270,16 @@ class MongoSchedulerStorage:
             if value:
                 return 0
             query = {"scope": scope, "status": _QUEUED, "holds_manifest_key": True,
-                     "manifest": {"$in": list(names)}, "replays": {"$ne": None}}  # fmt: skip
+                     "manifest": {"$in": list(names)}}  # fmt: skip
             cleared = 0
             for doc in list(db.work_queue.find(query)):
-                only = {"_id": doc["_id"], "status": _QUEUED, "replays": doc["replays"]}
-                if db.work_queue.update_one(only, {"$set": {"replays": None}}).modified_count:
-                    cleared += 1
-                    _unlink_run(db, doc["run_id"])
-                    _drop_keys(db, doc["_id"], [_marker_id(QueueKey.REPLAY, doc["replays"])])
+                only = {"_id": doc["_id"], "status": _QUEUED, "replays": doc.get("replays")}
+                done = doc.get("replays") is not None and bool(
+                    db.work_queue.update_one(only, {"$set": {"replays": None}}).modified_count
+                )
+                cleared += done
+                if done or doc.get("replays") is None:  # not when it left the queue meanwhile
+                    _unlink(db, doc, done)
             return cleared
 
         return await self._run(write)
@@ -286,8 +310,11 @@ class MongoSchedulerStorage:
             try:
                 db.work_queue.insert_one(_doc(queued, queued.id))
             except Exception:
+                # Unless it was written and only its reply lost: then it holds its keys until
+                # the next cycle cancels it for the run it names and lacks.
                 with contextlib.suppress(Exception):
-                    _drop_keys(db, entry.id, markers)
+                    if db.work_queue.find_one({"_id": queued.id}, {"_id": 1}) is None:
+                        _drop_keys(db, entry.id, markers)
                 raise
             db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
             return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
@@ -327,9 +354,8 @@ class MongoSchedulerStorage:
             )
             if before is None:
                 return None
-            if clear_link and before.get("replays") is not None:
-                _unlink_run(db, before["run_id"])
-                _drop_keys(db, entry_id, [_marker_id(QueueKey.REPLAY, before["replays"])])
+            if clear_link:
+                _unlink(db, before, before.get("replays") is not None)
             return db.work_queue.find_one({"_id": entry_id})
 
         return _parse(WorkEntry, "work_queue", await self._run(write))
