@@ -40,6 +40,13 @@ from urllib.parse import urlsplit
 
 import bson
 
+#: Deadlines of a test's client, so that a partition or a half-open connection fails within
+#: seconds: URL options for `FaultProxy.url`.
+SHORT_DEADLINES = {
+    "serverSelectionTimeoutMS": 1500,
+    "socketTimeoutMS": 1500,
+    "connectTimeoutMS": 1500,
+}
 #: MongoDB's message header: messageLength, requestID, responseTo, opCode (little-endian int32).
 HEADER = struct.Struct("<iiii")
 OP_MSG, OP_QUERY = 2013, 2004

@@ -15,12 +15,16 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from choreography_ray.storage import Storage, open_storage, redact_url
-from tests.mongo_proxy import start_nx
+
+if TYPE_CHECKING:
+    from choreography_ray.storage.mongodb import MongoStorage
+from tests.mongo_proxy import SHORT_DEADLINES, FaultProxy, fault_proxy, start_nx
 from tests.support import free_port, missing_service
 
 MONGODB_URI_ENV = "CHOREOGRAPHY_MONGODB_URI"
@@ -128,3 +132,24 @@ def storage(storage_url: str, runner: asyncio.Runner) -> Iterator[Storage]:
         yield opened
     finally:
         runner.run(opened.close())
+
+
+@pytest.fixture
+def proxy(mongodb_server: str) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the MongoDB server (`tests.mongo_proxy`)."""
+    with fault_proxy(mongodb_server) as opened:
+        yield opened
+
+
+@pytest.fixture
+def proxied_storage(
+    proxy: FaultProxy, mongodb_server: str, runner: asyncio.Runner
+) -> Iterator[MongoStorage]:
+    """The MongoDB provider through `proxy`, on a database of its own, with short deadlines."""
+    from choreography_ray.storage.mongodb import MongoStorage
+
+    database = f"faults_{uuid.uuid4().hex}"
+    opened = MongoStorage(proxy.url(database, **SHORT_DEADLINES))
+    yield opened
+    runner.run(opened.close())
+    _drop_database(_with_database(mongodb_server, database))

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,28 +21,16 @@ from choreography_ray.model import JobState, Lease, StatusChange, StepState, utc
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind, LeaseRenewal, StepUpdate
 from choreography_ray.storage.mongodb import MongoStorage, _client_options
-from tests.mongo_proxy import FaultProxy, fault_proxy
-from tests.storage.conftest import _drop_database, _with_database
+from tests.mongo_proxy import SHORT_DEADLINES, FaultProxy
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.timeout(60)]
 
-#: Short deadlines, so a partition and a half-open connection fail within seconds.
-FAST = {"serverSelectionTimeoutMS": 1500, "socketTimeoutMS": 1500, "connectTimeoutMS": 1500}
+FAST = SHORT_DEADLINES
 
 
 @pytest.fixture
-def proxy(mongodb_server: str) -> Iterator[FaultProxy]:
-    with fault_proxy(mongodb_server) as opened:
-        yield opened
-
-
-@pytest.fixture
-def store(proxy: FaultProxy, mongodb_server: str, runner: object) -> Iterator[MongoStorage]:
-    database = f"faults_{uuid.uuid4().hex}"
-    opened = MongoStorage(proxy.url(database, **FAST))
-    yield opened
-    asyncio.run(opened.close())
-    _drop_database(_with_database(mongodb_server, database))
+def store(proxied_storage: MongoStorage) -> MongoStorage:
+    return proxied_storage
 
 
 def job(version: int = 0) -> JobState:

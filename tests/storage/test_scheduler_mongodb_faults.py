@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -35,29 +33,17 @@ from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import Refusal
 from choreography_ray.storage.scheduler import mongodb as provider
 from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
-from tests.mongo_proxy import FaultProxy, fault_proxy
-from tests.storage.conftest import _drop_database, _with_database
+from tests.mongo_proxy import SHORT_DEADLINES, FaultProxy
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.timeout(60)]
 
-#: Short deadlines, so a partition fails within seconds.
-FAST = {"serverSelectionTimeoutMS": 1500, "socketTimeoutMS": 1500, "connectTimeoutMS": 1500}
+FAST = SHORT_DEADLINES
 SCOPE = "s"
 
 
 @pytest.fixture
-def proxy(mongodb_server: str) -> Iterator[FaultProxy]:
-    with fault_proxy(mongodb_server) as opened:
-        yield opened
-
-
-@pytest.fixture
-def store(proxy: FaultProxy, mongodb_server: str, runner: Any) -> Iterator[MongoSchedulerStorage]:
-    database = f"sched_faults_{uuid.uuid4().hex}"
-    jobs = MongoStorage(proxy.url(database, **FAST))
-    yield MongoSchedulerStorage(jobs)
-    runner.run(jobs.close())
-    _drop_database(_with_database(mongodb_server, database))
+def store(proxied_storage: MongoStorage) -> MongoSchedulerStorage:
+    return MongoSchedulerStorage(proxied_storage)
 
 
 def queued(name: str = "m") -> tuple[WorkEntry, ManifestRun]:
