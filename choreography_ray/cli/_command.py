@@ -74,7 +74,7 @@ HINTS = {
     "RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED": "its removal was run again; try once more "
     "if it stays",
     "RetryFailedStepsError.NOT_SUPPORTED": "its job type does not allow it "
-    "(can_retry_failed_steps), or the job has stages",
+    "(can_retry_failed_steps)",
     "RetryFailedStepsError.JOB_IS_NOT_COMPLETED_WITH_FAILURES": "only a job that completed "
     "with failures has failed steps to retry",
     "CannotResumeJobError.MISSING_STEP_PLAN": "it was interrupted before its plan was stored: "
