@@ -173,7 +173,8 @@ class ChaosJob(cr.Job[ChaosRequest]):
 
 
 class RetryableChaosJob(ChaosJob):
-    """One stage only: `retry_failed_steps` supports jobs without stages."""
+    """One stage (its plan is drawn so): `op_retry_failed` aims at it; a staged job answers
+    `NotSupported`, its type not allowing retries."""
 
     can_retry_failed_steps = True
 
