@@ -30,17 +30,26 @@ class Turns:
         self.current: str | None = None
         #: Called as each turn ends, still inside it (the activation records its metrics).
         self._after = after
+        #: Turns asked for and not begun yet.
+        self.waiting = 0
 
     @asynccontextmanager
     async def turn(self, name: str) -> AsyncIterator[None]:
-        async with self._lock:
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+        try:
             self.current = name
+            yield
+        finally:
+            self.current = None
             try:
-                yield
-            finally:
-                self.current = None
                 if self._after is not None:
                     self._after()
+            finally:
+                self._lock.release()
 
 
 class Supervisor:

@@ -37,7 +37,7 @@ def test_act_on_jobs__dry_run_refusal_reported_and_bulk_remove(
 
     retried = {r.job_id: r for r in jobs.act_on_jobs(cr.BulkOperation.RETRY_FAILED_STEPS, mine)}
 
-    assert (retried[failing].acted, retried[failing].retried_steps) == (True, 2)
+    assert (retried[failing].acted, retried[failing].retried_steps) == (True, 2), retried[failing]
     refused = retried[succeeded]
     assert not refused.acted
     assert refused.error is cr.RetryFailedStepsError.JOB_IS_NOT_COMPLETED_WITH_FAILURES
