@@ -59,6 +59,9 @@ from choreography_ray.storage import Storage
 
 log = get_logger(__name__)
 
+#: The turns of the operations that can take a job out of rest again.
+REOPENING = ("start: prepare", "resume", "recover", "retry failed steps")
+
 
 class JobCore:
     def __init__(
@@ -228,6 +231,12 @@ class JobCore:
 
     def close(self) -> None:
         self.tasks.cancel_all()
+
+    @property
+    def reopen_waiting(self) -> bool:
+        """Whether an operation that can reopen a job at rest waits for its turn (the exit gives
+        way to it; reports, ticks and saves never reopen one, and keep coming)."""
+        return any(self.turns.waiting[name] for name in REOPENING)
 
     # -- start --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ and the owner's, and handed to its error handler, so nothing dies silently.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,16 +31,18 @@ class Turns:
         self.current: str | None = None
         #: Called as each turn ends, still inside it (the activation records its metrics).
         self._after = after
-        #: Turns asked for and not begun yet.
-        self.waiting = 0
+        #: Turns asked for and not begun yet, by name.
+        self.waiting: Counter[str] = Counter()
 
     @asynccontextmanager
     async def turn(self, name: str) -> AsyncIterator[None]:
-        self.waiting += 1
+        self.waiting[name] += 1
         try:
             await self._lock.acquire()
         finally:
-            self.waiting -= 1
+            self.waiting[name] -= 1
+            if not self.waiting[name]:
+                del self.waiting[name]
         try:
             self.current = name
             yield

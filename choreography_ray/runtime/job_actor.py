@@ -118,7 +118,7 @@ class JobActor:
                         "job %s: releasing its dedicated step actors failed", self.core.job_id
                     )
             await self._last_relay()
-            if self.core.turns.waiting:
+            if self.core.reopen_waiting:
                 # An operation came meanwhile (a retry-failed, a resume): it runs, and the exit
                 # is asked for again, to find out whether it reopened the job.
                 self._exit_soon()

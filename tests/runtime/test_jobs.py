@@ -211,6 +211,26 @@ def test_on_completed_raises__job_failed_with_message(connect, scope, files) -> 
     assert len(files.hook_records("on_completed")) == 1
 
 
+def test_job_actor_exits__while_reports_keep_coming(connect, scope, files) -> None:
+    """Late reports (a host's duplicate delivery) queue behind the exit's turn, and keep coming:
+    the exit gives way to an operation that can reopen the job, never to them."""
+    manager = connect().manager(scope, "lifecycle")
+    started = manager.start(PlanJob, files.request([files.probe(n) for n in range(2)]))
+    job = ray.get_actor(f"job/{started.job_id}", namespace=RAY_NAMESPACE)
+    assert manager.wait(started.job_id, timeout=WAIT).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+
+    in_flight = [job.report_outcomes.remote([]) for _ in range(4)]
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        done, in_flight = ray.wait(in_flight, num_returns=1)
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayActorError:
+            break  # the actor exited
+        in_flight.append(job.report_outcomes.remote([]))
+    assert actor_is_gone(f"job/{started.job_id}")
+
+
 # -- stages -----------------------------------------------------------------------------------
 
 

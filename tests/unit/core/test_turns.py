@@ -24,11 +24,11 @@ def test_turns__one_at_a_time_in_order_and_the_waiting_counted() -> None:
         later = [asyncio.create_task(take(n)) for n in ("second", "third")]
         await asyncio.sleep(0)
 
-        assert (turns.current, turns.waiting) == ("first", 2)
+        assert (turns.current, turns.waiting.total()) == ("first", 2)
         release.set()
         await asyncio.gather(first, *later)
         assert order == ["first", "second", "third"]
-        assert (turns.current, turns.waiting) == (None, 0)
+        assert (turns.current, turns.waiting.total()) == (None, 0)
 
     asyncio.run(scenario())
 
@@ -39,9 +39,9 @@ def test_turns__a_turn_cancelled_while_it_waits_is_no_longer_counted() -> None:
         async with turns.turn("holding"):
             waiter = asyncio.create_task(turns.turn("never").__aenter__())
             await asyncio.sleep(0)
-            assert turns.waiting == 1
+            assert turns.waiting == {"never": 1}
             waiter.cancel()
             await asyncio.gather(waiter, return_exceptions=True)
-            assert turns.waiting == 0
+            assert turns.waiting.total() == 0
 
     asyncio.run(scenario())
