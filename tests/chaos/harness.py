@@ -162,6 +162,18 @@ PROFILES = {
         # still longer than any `storage_lock`, whose writes wait).
         sqlite_busy_seconds=8.0,
     ),
+    # The default tier's MongoDB run: the tier's jobs and six faults of the fault proxy, no
+    # other kind, so that one run can draw each proxy fault (issue 27). MongoDB only.
+    "proxy": Profile(
+        name="proxy",
+        jobs=(1, 2),
+        steps=(150, 400),
+        faults=(6, 6),
+        job_seconds=(3.0, 6.0),
+        weights={},
+        settle_timeout=90.0,
+        deadline=300,
+    ),
     # The soak's runs, with a job actor killed during a stop, a removal, or with its host
     # (issue 23): what a restarted activation must carry on from.
     "activation": Profile(
@@ -324,6 +336,8 @@ def plan_run(seed: int, profile: str = "ci", storage: str = "sqlite") -> RunPlan
         for _ in range(rng.randint(*shape.jobs))
     ]
     drawn = fault_weights(shape, storage)
+    if not drawn:
+        raise ValueError(f"the {profile} profile draws no fault on {storage}")
     kinds = list(drawn)
     weights = [drawn[k] for k in kinds]
     faults: list[FaultPlan] = []

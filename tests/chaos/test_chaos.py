@@ -3,9 +3,10 @@ a bug kept as a regression test. Each seed runs in a subprocess of its own (`run
 soak is `choreography-ray chaos` (docs/chaos.md).
 
 The default test tier runs `DEFAULT`: five seeds of the tier profile that draw every fault kind
-of SQLite between them. Every other seed below is in the slow tier (`python -m pytest -m slow`),
-the MongoDB seeds (`MONGODB_SEEDS`, behind the fault proxy) too for now;
-`CHAOS_FULL=1` runs them all in one tier, as `CHAOS_FULL=1 python -m pytest tests/chaos`."""
+of SQLite between them, and one of the proxy profile, on MongoDB behind the fault proxy, that
+draws each of the proxy's faults. Every other seed below is in the slow tier
+(`python -m pytest -m slow`); `CHAOS_FULL=1` runs them all in one tier, as
+`CHAOS_FULL=1 python -m pytest tests/chaos`."""
 
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ SOAK_REGRESSIONS: dict[int, str] = {
 #: every fault kind drawn between them (as the test below checks), about 30-50 s a run.
 TIER_SEEDS = [931, 1316, 1612, 2549, 2771]
 
+#: Seeds of the proxy profile (MongoDB behind the fault proxy, six of its faults a run), each
+#: drawing every proxy fault; the first runs in the default tier.
+PROXY_SEEDS = [671, 27, 680]
+
 #: The (profile, seed) runs of the default tier, with the faults each draws.
 DEFAULT = {
     ("tier", 931): "op_stop, storage_slow, kill_host_sigkill, op_remove, op_resume",
@@ -91,15 +96,22 @@ DEFAULT = {
     ("tier", 1612): "kill_host_ray, kill_job_actor, storage_lock, storage_lost_ack",
     ("tier", 2549): "kill_manager, storage_refuse, drop_deliveries, op_retry_failed",
     ("tier", 2771): "storage_lock_refuse, restart_cluster, add_node, kill_recovery",
+    ("proxy", 671): "mongo_half_open, mongo_reset, mongo_blackhole, mongo_latency, "
+    "mongo_partition, mongo_lost_ack",
 }
 
 
 #: Seeds of the tier profile on MongoDB behind the fault proxy, with the faults each draws:
-#: every proxy fault between them (issue 27).
+#: every proxy fault between them, beside the other kinds (issue 27).
 MONGODB_SEEDS = {
     5: "mongo_blackhole, op_stop, mongo_reset, mongo_half_open",
     15: "mongo_latency, duplicate_delivery, mongo_partition, mongo_lost_ack",
 }
+
+
+def storage_of(profile: str) -> str:
+    """The storage a profile's runs here take: the proxy profile's faults are MongoDB's."""
+    return "mongodb" if profile == "proxy" else "sqlite"
 
 
 def seeds(profile: str, chosen: Iterable[int], defects: dict[int, str] | None = None) -> list[Any]:
@@ -126,17 +138,19 @@ def run_checked(seed: int, profile: str, storage: str = "sqlite") -> None:
 def test_default__draws_every_fault_kind_and_says_which() -> None:
     drawn: set[str] = set()
     for (profile, seed), said in DEFAULT.items():
-        kinds = {f.kind for f in plan_run(seed, profile).faults}
+        kinds = {f.kind for f in plan_run(seed, profile, storage_of(profile)).faults}
         assert kinds == set(said.split(", ")), (profile, seed, kinds)
         drawn |= kinds
+    assert drawn == set(KINDS)
+    assert set(DEFAULT) == {("tier", s) for s in TIER_SEEDS} | {("proxy", PROXY_SEEDS[0])}
+    for seed in PROXY_SEEDS:
+        assert {f.kind for f in plan_run(seed, "proxy", "mongodb").faults} == set(MONGODB_FAULTS)
     on_mongodb: set[str] = set()
     for seed, said in MONGODB_SEEDS.items():
         kinds = {f.kind for f in plan_run(seed, "tier", "mongodb").faults}
         assert kinds == set(said.split(", ")), (seed, kinds)
         on_mongodb |= kinds
-    assert drawn == set(KINDS) - set(MONGODB_FAULTS)
     assert set(MONGODB_FAULTS) <= on_mongodb
-    assert set(DEFAULT) == {("tier", s) for s in TIER_SEEDS}
 
 
 def test_plan__the_same_seed_draws_the_same_plan_and_schedule() -> None:
@@ -148,6 +162,12 @@ def test_plan__the_same_seed_draws_the_same_plan_and_schedule() -> None:
 @pytest.mark.parametrize("seed", seeds("tier", TIER_SEEDS))
 def test_chaos_tier_seed__every_invariant_holds(seed: int) -> None:
     run_checked(seed, "tier")
+
+
+@pytest.mark.mongodb
+@pytest.mark.parametrize("seed", seeds("proxy", PROXY_SEEDS))
+def test_chaos_proxy_seed__every_invariant_holds(seed: int) -> None:
+    run_checked(seed, "proxy", "mongodb")
 
 
 @pytest.mark.mongodb
