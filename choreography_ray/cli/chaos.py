@@ -108,7 +108,8 @@ def chaos(
             "--profile",
             help="ci: small jobs, 1-2 faults; soak: bigger jobs, up to 4 faults; tier: ci's "
             "jobs, 3-4 faults; activation: soak's, with job actors killed during stops, "
-            "removals, or with their hosts.",
+            "removals, or with their hosts; proxy (with --storage mongodb): tier's jobs, six "
+            "faults of the MongoDB fault proxy only.",
         ),
     ] = "soak",
     storage: Annotated[
@@ -135,6 +136,8 @@ def chaos(
         fail(f"unknown profile {profile!r}: use one of {', '.join(harness.PROFILES)}")
     if storage not in harness.STORAGES:
         fail(f"unknown storage {storage!r}: use one of {', '.join(harness.STORAGES)}")
+    if not harness.fault_weights(harness.PROFILES[profile], storage):
+        fail(f"the {profile} profile draws no fault on {storage}: use --storage mongodb")
     results = []
     for i in range(runs):
         run_seed = seed + i

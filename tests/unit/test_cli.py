@@ -41,3 +41,10 @@ def test_module_entry_point_runs_the_same_app() -> None:
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout == f"choreography-ray {choreography_ray.__version__}\n"
+
+
+def test_chaos__a_profile_with_no_fault_on_the_storage_exits_2_before_any_run() -> None:
+    result = runner.invoke(app, ["chaos", "--profile", "proxy", "--storage", "sqlite"])
+    assert result.exit_code == 2
+    assert "draws no fault on sqlite" in result.output
+    assert "running" not in result.output
