@@ -10,6 +10,7 @@ cluster's token is tried in test_cli.py, next to the other `ray job submit` test
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -135,11 +136,21 @@ def _now() -> Any:
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    if not ray.is_initialized():
+    """A local Ray, unless this worker joined one already: the runtime tests' shared cluster,
+    which stays up for them (a Ray shut down under them would have each `Jobs.connect` start a
+    local Ray of its own); then the actors of this module's namespace end with the module."""
+    started = not ray.is_initialized()
+    if started:
         ray.init(address="local", num_cpus=2, namespace=RAY_NAMESPACE, include_dashboard=False,
                  logging_level=logging.WARNING)  # fmt: skip
     yield
-    ray.shutdown()
+    if started:
+        ray.shutdown()
+        return
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == RAY_NAMESPACE:
+            with contextlib.suppress(ValueError):  # gone meanwhile
+                ray.kill(ray.get_actor(actor["name"], namespace=RAY_NAMESPACE), no_restart=True)
 
 
 @pytest.fixture
