@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 from choreography_ray.cli import app
+
+# The proxy is the test tree's (`tests/mongo_proxy.py`): this runs from a checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.mongo_proxy import fault_proxy, start_nx
 
 

@@ -323,7 +323,7 @@ def test_drain_runs_at_most_max_concurrent_rehydration_resumes_oldest_first(
     tmp_path,
     events,
 ) -> None:
-    limit, count = 3, 12
+    limit, count = 3, 8
     jobs = connect(reconciliation_interval=0, max_concurrent_rehydration=limit)
     manager = jobs.manager(scope, "drain")
     log = str(tmp_path / "steps.jsonl")
@@ -458,7 +458,7 @@ def test_killed_manager_comes_back_and_continues_its_drain(
             steps=[(0, cr.StepStatus.SCHEDULED)],
             created=EPOCH + timedelta(seconds=n),
         )
-        for n in range(6)
+        for n in range(4)
     ]
 
     assert manager.rehydrate() == ids
