@@ -1,26 +1,10 @@
 """The MongoDB provider: `mongodb://` and `mongodb+srv://` URLs, for clusters.
 
-In the URL's database, else `choreography` (fields as in `choreography_ray.storage`):
-
-    jobs                `_id` job id. Indexes (scope, namespace, status), (status, stop_finalized),
-                        (created) for `find_jobs`' newest-first pages (nx refuses `_id` in
-                        a compound index; ties on `created` are few and sorted by `_id`).
-                        (scope, namespace, status, status_since). `status_since` (when the
-                        job reached its status) is derived and written with every save, for the
-                        cleanup query: one indexed, sorted and limited find per status, merged.
-                        A document written before the field existed gets it from its status
-                        history on the first cleanup query of its key by each instance.
-    job_steps           `_id` "{job_id}/{step_id}". Indexes (job_id, status, step_id),
-                        (job_id, stage, status, step_id), (job_id, step_id). The (job_id,
-                        status) and (job_id, stage, status) indexes of earlier releases are
-                        dropped where found.
-    job_counted_steps   `_id` "{job_id}/{kind}/{step_id}"; job_id, kind, step_id. Index (job_id,
-                        kind, step_id): list, count and remove-all are queries; an add is inserts.
-    jobs_manager_keys   `_id` '["{scope}", "{namespace}"]', a JSON pair no separator can break.
-
-Indexes are created on first use, once per instance (never by a storage opened `read_only`,
-which creates nothing). The code keeps to what both `mongod` and
-`nx-27017` (the tests' server) implement, so tests run the production path. Measured on nx 0.8.1:
+The collections, their indexes, a record as a document and the counting queries:
+`storage/mongodb_records.py`. Indexes are created on first use, once per instance (never by a
+storage opened `read_only`, which creates nothing). The code keeps to what both `mongod` and
+`nx-27017` (the tests' server) implement, so tests run the production path. Measured on nx
+0.8.1:
 
 - Datetimes are fixed-width UTC ISO-8601 strings with microseconds: nx stores a top-level
   datetime given to `$set` (`updated`) as a naive string, and a BSON date drops microseconds.
@@ -31,8 +15,8 @@ which creates nothing). The code keeps to what both `mongod` and
   or an array containing v", which scans the collection, while `{"f": {"$eq": v}}` (the same to
   mongod) is a plain equality its index on `f` serves. `$in` on a field other than `_id` is
   evaluated in Python over the whole collection; on `_id` it is an indexed `IN`. So step and
-  counted-step filters are spelled `$eq` (`_equal`), `get_steps` and the bulk writes go by
-  `_id $in`, and a query over several statuses is one query per status, merged.
+  counted-step filters are spelled `$eq` (`mongodb_records.equal`), `get_steps` and the bulk
+  writes go by `_id $in`, and a query over several statuses is one query per status, merged.
 - `count_documents` and `$group` are aggregations nx evaluates in Python (about 5 s for a
   `$group` over 100,000 steps, during which it answers nothing else); the `count` command with
   a plain-equality query is an indexed `SELECT COUNT`. `count_by_status` finds the job's stages
@@ -71,17 +55,15 @@ given credentials, pymongo fails with a KeyError inside its SCRAM conversation).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import json
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from pymongo import DeleteMany, MongoClient, UpdateMany, UpdateOne
 from pymongo import errors as mongo
 from pymongo.database import Database
@@ -95,11 +77,9 @@ from choreography_ray.errors import (
 )
 from choreography_ray.failures import FailureCluster
 from choreography_ray.model import (
-    SCHEMA_VERSION,
     JobsManagerKey,
     JobState,
     StepState,
-    check_schema_version,
     step_key,
     utcnow,
 )
@@ -119,6 +99,8 @@ from choreography_ray.storage import (
     redact_url,
     starts_of,
 )
+from choreography_ray.storage import mongodb_records as records
+from choreography_ray.storage.mongodb_records import IDS_PER_WRITE, Doc
 
 #: Driver options and defaults, in milliseconds. Server selection bounds how long an unreachable
 #: database takes to fail. The connect timeout is also the read timeout of the driver's heartbeat
@@ -135,107 +117,12 @@ DEFAULT_TIMEOUTS_MS = {
 #: Threads running the driver's blocking calls, per storage instance.
 POOL_THREADS = 4
 DEFAULT_DATABASE = "choreography"
-#: Ids per `$in` delete or update: nx-27017 deletes 16x faster this way than with one
-#: `DeleteOne` per id.
-IDS_PER_WRITE = 1_000
 _DUPLICATE_KEY = 11000
 _AUTHENTICATION_FAILED = 18
-#: Each collection's indexes, as their ascending fields.
-_INDEXES = {
-    "jobs": [
-        "scope namespace status",
-        "status stop_finalized",
-        "scope namespace status status_since",
-        "created",
-    ],
-    # The status indexes end in step_id, so a page of one status is read in step-id order from
-    # the index (nx's SQLite planner otherwise walks (job_id, step_id) for the order, and reads
-    # every step of the job for a status few have).
-    "job_steps": [
-        "job_id status step_id",
-        "job_id stage status step_id",
-        "job_id step_id",
-        "job_id failure_signature step_id",
-    ],
-    "job_counted_steps": ["job_id kind step_id"],
-}
-#: Indexes of earlier releases that one above replaces: dropped where found, so that writes do
-#: not keep both up to date.
-_SUPERSEDED = {"job_steps": ["job_id status", "job_id stage status"]}
-_COUNTED = ("completed_steps_counted", "stopped_steps_counted")
 _RUNNING = StepStatus.RUNNING.value
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
-Doc = dict[str, Any]
-
-
-def _encode(value: Any) -> Any:
-    """A model dump as BSON both servers store exactly (see the module docstring)."""
-    if isinstance(value, datetime):
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return aware.astimezone(UTC).isoformat(timespec="microseconds")
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): _encode(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_encode(v) for v in value]
-    return value
-
-
-def _document(record: JobState | StepState, key: str) -> Doc:
-    doc: Doc = _encode(record.model_dump(exclude={"id", "status_changes", *_COUNTED}))
-    doc["_id"] = key
-    doc["schema_version"] = SCHEMA_VERSION
-    doc["status_changes"] = [change.model_dump_json() for change in record.status_changes]
-    return doc
-
-
-def _job_document(job: JobState) -> Doc:
-    doc = _document(job, job.id)
-    doc["status_since"] = _encode(job.status_since)
-    return doc
-
-
-def _parse(model: type[M], collection: str, doc: Mapping[str, Any]) -> M:
-    check_schema_version(collection, str(doc.get("_id")), doc.get("schema_version"))
-    try:
-        changes = [json.loads(c) for c in doc.get("status_changes", ())]
-        return model.model_validate({**doc, "id": doc.get("_id"), "status_changes": changes})
-    except (ValidationError, ValueError, TypeError) as exc:
-        raise CorruptRecordError(collection, str(doc.get("_id")), str(exc)) from exc
-
-
-def _lay_out_indexes(db: Database[Doc]) -> None:
-    for name, indexes in _INDEXES.items():
-        for fields in indexes:
-            db[name].create_index([(field, 1) for field in fields.split()])
-    for name, old in _SUPERSEDED.items():
-        superseded = {tuple(fields.split()) for fields in old}
-        for index in db[name].list_indexes():
-            if tuple(index["key"]) in superseded:
-                # Dropped by another instance meanwhile, or a user without the right to drop
-                # indexes: the old index only costs its upkeep, so it stays.
-                with contextlib.suppress(mongo.OperationFailure):
-                    db[name].drop_index(index["name"])
-
-
-def _fill_status_since(db: Database[Doc], scope: str, namespace: str) -> None:
-    """Gives the key's documents written before `status_since` existed the field, from their
-    status history (else `created`), so the cleanup query sees them."""
-    query = {"scope": scope, "namespace": namespace, "status_since": {"$exists": False}}
-    writes = []
-    for doc in db.jobs.find(query, {"status_changes": 1, "created": 1}):
-        try:
-            changes = doc.get("status_changes") or ()
-            when = json.loads(changes[-1])["occurred"] if changes else doc["created"]
-            since = _encode(datetime.fromisoformat(str(when)))
-        except (ValueError, TypeError, KeyError):
-            continue  # a document that does not parse is reported when it is read
-        writes.append(UpdateOne({"_id": doc["_id"]}, {"$set": {"status_since": since}}))
-    if writes:
-        db.jobs.bulk_write(writes, ordered=False)
 
 
 def _client_options(url: str) -> Doc:
@@ -258,7 +145,7 @@ def _job_query(where: JobFilter) -> Doc:
     if where.statuses is not None:
         query["status"] = {"$in": sorted(s.value for s in where.statuses)}
     if where.created_since is not None:
-        query["created"] = {"$gte": _encode(where.created_since)}
+        query["created"] = {"$gte": records.encode(where.created_since)}
     return query
 
 
@@ -275,101 +162,6 @@ def _insert_steps(db: Database[Doc], docs: list[Doc]) -> None:
             key = docs[failed]["_id"]
             raise DuplicateRecordError(f"step {key!r} exists already") from exc
         raise
-
-
-def _equal(**fields: Any) -> Doc:
-    """A filter of plain equalities spelled `$eq`: nx translates `{"f": v}` to an equality or
-    an array-membership test, which no index serves, and `{"f": {"$eq": v}}` to the equality
-    alone, which its (expression) index on the field serves; to mongod both mean the same."""
-    return {field: {"$eq": value} for field, value in fields.items()}
-
-
-def _count(db: Database[Doc], query: Doc, collection: str = "job_steps") -> int:
-    """The `count` command: answered from the query's index by both servers, where
-    `count_documents` is an aggregation (`$match`, `$group`) that nx evaluates in Python."""
-    return int(db.command("count", collection, query=query)["n"])
-
-
-def _stored_stages(db: Database[Doc], job_id: str) -> list[int]:
-    """The stages the job has records of: one indexed find per stage, each the first record
-    of a later stage along the (job_id, stage, status) index."""
-    stages: list[int] = []
-    while True:
-        query = _equal(job_id=job_id)
-        if stages:
-            query["stage"] = {"$gt": stages[-1]}
-        doc = db.job_steps.find_one(query, {"stage": 1}, sort=[("stage", 1)])
-        if doc is None:
-            return stages
-        stage = doc.get("stage")
-        if not isinstance(stage, int) or isinstance(stage, bool):
-            raise CorruptRecordError("job_steps", str(doc.get("_id")), f"bad stage {stage!r}")
-        stages.append(stage)
-
-
-def _count_by_status(db: Database[Doc], job_id: str) -> StatusCounts:
-    """Counted per status through the (job_id, status) index, then per stage and status
-    through the (job_id, stage, status) index for the statuses some record has: no `$group`,
-    which nx evaluates in Python over every record of the job. Records the counts miss have a
-    status this release does not know; as the counts are not one snapshot, a step that changed
-    status between two of them may be missed too, so a shortfall is counted once more before
-    it is reported."""
-    for _ in range(2):
-        stages = _stored_stages(db, job_id)
-        counts: StatusCounts = {}
-        for status in StepStatus if stages else ():
-            total = _count(db, _equal(job_id=job_id, status=status.value))
-            if total and len(stages) == 1:
-                counts[(stages[0], status)] = total
-            elif total:
-                for stage in stages:
-                    if n := _count(db, _equal(job_id=job_id, stage=stage, status=status.value)):
-                        counts[(stage, status)] = n
-        missed = _count(db, _equal(job_id=job_id)) - sum(counts.values())
-        if missed <= 0:
-            return counts
-    reason = f"{missed} records of an unknown status"
-    raise CorruptRecordError("job_steps", f"{job_id}/*", reason)
-
-
-def _failure_clusters(db: Database[Doc], job_id: str) -> list[FailureCluster]:
-    """One `$group` over the job's failed steps, then each cluster's example by key. mongod
-    reads the steps along the (job_id, failure_signature) index; nx groups in Python (module
-    docstring)."""
-    match = {"job_id": {"$eq": job_id}, "failure_signature": {"$type": "string"}}
-    group = {
-        "_id": "$failure_signature",
-        "count": {"$sum": 1},
-        "first_seen": {"$min": "$updated"},
-        "last_seen": {"$max": "$updated"},
-        "example": {"$min": "$step_id"},
-    }
-    rows = list(db.job_steps.aggregate([{"$match": match}, {"$group": group}]))
-    keys = [step_key(job_id, str(row["example"])) for row in rows]
-    examples = {
-        str(doc["_id"]): _parse(StepState, "job_steps", doc)
-        for chunk in chunks(keys, IDS_PER_WRITE)
-        for doc in db.job_steps.find({"_id": {"$in": chunk}})
-    }
-    clusters = []
-    for row, key in zip(rows, keys, strict=True):
-        example = examples.get(key)
-        changes = () if example is None else example.status_changes
-        messages = changes[-1].exception_messages if changes else ()
-        try:
-            clusters.append(
-                FailureCluster(
-                    signature=row["_id"],
-                    count=row["count"],
-                    first_seen=row["first_seen"],
-                    last_seen=row["last_seen"],
-                    example_step_id=str(row["example"]),
-                    example_message=messages[0] if messages else None,
-                )
-            )
-        except ValidationError as exc:
-            raise CorruptRecordError("job_steps", f"{job_id}/*", str(exc)) from exc
-    return sorted(clusters, key=lambda c: (-c.count, c.signature))
 
 
 def _counted_id(job_id: str, kind: CountedKind, step_id: str) -> str:
@@ -404,7 +196,7 @@ class MongoStorage:
                     # where a failing handshake is told apart from a failing operation.
                     db.command("ping")
                 if not self.read_only:
-                    _lay_out_indexes(db)
+                    records.lay_out_indexes(db)
                 self._db = db
             return self._db
 
@@ -442,8 +234,8 @@ class MongoStorage:
 
     # jobs
     async def create_job(self, job: JobState) -> JobState:
-        stored = job.model_copy(update={"version": 1, **dict.fromkeys(_COUNTED, ())})
-        doc = _job_document(stored)
+        stored = job.model_copy(update={"version": 1, **dict.fromkeys(records.COUNTED, ())})
+        doc = records.job_document(stored)
 
         def insert(db: Database[Doc]) -> None:
             try:
@@ -456,11 +248,13 @@ class MongoStorage:
 
     async def get_job(self, job_id: str) -> JobState | None:
         doc = await self._run(lambda db: db.jobs.find_one({"_id": job_id}))
-        return None if doc is None else _parse(JobState, "jobs", doc)
+        return None if doc is None else records.parse(JobState, "jobs", doc)
 
     async def save_job(self, job: JobState) -> JobState:
-        stored = job.model_copy(update={"version": job.version + 1, **dict.fromkeys(_COUNTED, ())})
-        doc = _job_document(stored)
+        stored = job.model_copy(
+            update={"version": job.version + 1, **dict.fromkeys(records.COUNTED, ())}
+        )
+        doc = records.job_document(stored)
 
         def replace(db: Database[Doc]) -> None:
             if db.jobs.replace_one({"_id": job.id, "version": job.version}, doc).matched_count:
@@ -475,7 +269,7 @@ class MongoStorage:
     async def _find_jobs(self, query: Doc) -> list[JobState]:
         order = [("created", 1), ("_id", 1)]
         docs = await self._run(lambda db: list(db.jobs.find(query).sort(order)))
-        return [_parse(JobState, "jobs", doc) for doc in docs]
+        return [records.parse(JobState, "jobs", doc) for doc in docs]
 
     async def list_jobs(
         self, scope: str, namespace: str, status: JobStatus | None = None
@@ -503,7 +297,7 @@ class MongoStorage:
         direction = -1
         for cursor, operator in ((before, "$lt"), (after, "$gt")):
             if cursor is not None:
-                created = _encode(cursor.created)
+                created = records.encode(cursor.created)
                 query = {"$and": [query, {"$or": [
                     {"created": {operator: created}},
                     {"created": created, "_id": {operator: cursor.job_id}},
@@ -512,7 +306,7 @@ class MongoStorage:
             direction = 1
         order = [("created", direction), ("_id", direction)]
         docs = await self._run(lambda db: list(db.jobs.find(query).sort(order).limit(limit)))
-        jobs = [_parse(JobState, "jobs", doc) for doc in docs]
+        jobs = [records.parse(JobState, "jobs", doc) for doc in docs]
         return jobs[::-1] if direction == 1 else jobs
 
     async def count_jobs_by_type_and_status(self, where: JobFilter) -> JobCounts:
@@ -540,9 +334,9 @@ class MongoStorage:
         if not wanted or limit < 1:
             return []
         if (scope, namespace) not in self._since_filled:
-            await self._run(lambda db: _fill_status_since(db, scope, namespace))
+            await self._run(lambda db: records.fill_status_since(db, scope, namespace))
             self._since_filled.add((scope, namespace))
-        cutoff = _encode(before)
+        cutoff = records.encode(before)
         order = [("status_since", 1), ("_id", 1)]
 
         def find(db: Database[Doc]) -> list[Doc]:
@@ -553,14 +347,14 @@ class MongoStorage:
                 docs += list(db.jobs.find(query).sort(order).limit(limit))
             return sorted(docs, key=lambda d: (d["status_since"], d["_id"]))[:limit]
 
-        return [_parse(JobState, "jobs", doc) for doc in await self._run(find)]
+        return [records.parse(JobState, "jobs", doc) for doc in await self._run(find)]
 
     async def remove_job(self, job_id: str) -> None:
         await self._run(lambda db: db.jobs.delete_one({"_id": job_id}))
 
     # steps
     async def insert_steps(self, steps: Sequence[StepState]) -> None:
-        docs = [_document(step, step.key) for step in steps]
+        docs = [records.document(step, step.key) for step in steps]
         if docs:
             await self._run(lambda db: _insert_steps(db, docs))
 
@@ -569,7 +363,7 @@ class MongoStorage:
             return
         # Every planned document is the same but for its step: one record encoded, then copied.
         first = steps[0]
-        template = _document(planned_records(job_id, [first])[0], "")
+        template = records.document(planned_records(job_id, [first])[0], "")
         docs = [
             {**template, "_id": step_key(job_id, s.step_id), "step_id": s.step_id,
              "type": s.type, "stage": s.stage, "request": json.loads(s.request_json)}
@@ -579,7 +373,7 @@ class MongoStorage:
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         doc = await self._run(lambda db: db.job_steps.find_one({"_id": step_key(job_id, step_id)}))
-        return None if doc is None else _parse(StepState, "job_steps", doc)
+        return None if doc is None else records.parse(StepState, "job_steps", doc)
 
     async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
         keys = [step_key(job_id, step_id) for step_id in step_ids]
@@ -589,7 +383,7 @@ class MongoStorage:
                 doc for chunk in chunks(keys) for doc in db.job_steps.find({"_id": {"$in": chunk}})
             ]
 
-        steps = [_parse(StepState, "job_steps", doc) for doc in await self._run(find)]
+        steps = [records.parse(StepState, "job_steps", doc) for doc in await self._run(find)]
         return {step.step_id: step for step in steps}
 
     async def list_steps(
@@ -601,7 +395,11 @@ class MongoStorage:
         after: str | None = None,
         limit: int = 1000,
     ) -> list[StepState]:
-        query = _equal(job_id=job_id) if stage is None else _equal(job_id=job_id, stage=stage)
+        query = (
+            records.equal(job_id=job_id)
+            if stage is None
+            else records.equal(job_id=job_id, stage=stage)
+        )
         if after is not None:
             query["step_id"] = {"$gt": after}
         # One indexed query per status (nx evaluates `$in` on a field other than `_id` in
@@ -611,11 +409,11 @@ class MongoStorage:
         def find(db: Database[Doc]) -> list[Doc]:
             docs: list[Doc] = []
             for status in wanted:
-                where = query if status is None else {**query, **_equal(status=status)}
+                where = query if status is None else {**query, **records.equal(status=status)}
                 docs += db.job_steps.find(where).sort("step_id").limit(limit)
             return sorted(docs, key=lambda doc: str(doc.get("step_id")))[:limit]
 
-        return [_parse(StepState, "job_steps", doc) for doc in await self._run(find)]
+        return [records.parse(StepState, "job_steps", doc) for doc in await self._run(find)]
 
     async def list_starts(
         self,
@@ -634,19 +432,19 @@ class MongoStorage:
     async def list_failed(
         self, job_id: str, signature: str, *, after: str | None = None, limit: int = 1000
     ) -> list[StepState]:
-        query = _equal(job_id=job_id, failure_signature=signature)
+        query = records.equal(job_id=job_id, failure_signature=signature)
         if after is not None:
             query["step_id"] = {"$gt": after}
         docs = await self._run(
             lambda db: list(db.job_steps.find(query).sort("step_id").limit(limit))
         )
-        return [_parse(StepState, "job_steps", doc) for doc in docs]
+        return [records.parse(StepState, "job_steps", doc) for doc in docs]
 
     async def failure_clusters(self, job_id: str) -> list[FailureCluster]:
-        return await self._run(lambda db: _failure_clusters(db, job_id))
+        return await self._run(lambda db: records.failure_clusters(db, job_id))
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
-        now = _encode(utcnow())
+        now = records.encode(utcnow())
         # A start batch's RUNNING writes share their lease and change objects: such updates
         # are one `UpdateMany` per `IDS_PER_WRITE` ids, encoded once.
         groups: dict[tuple[object, ...], tuple[StepUpdate, list[str]]] = {}
@@ -656,7 +454,7 @@ class MongoStorage:
             groups.setdefault(shared, (u, []))[1].append(key)
         writes: list[UpdateOne | UpdateMany] = []
         for u, keys in groups.values():
-            lease = None if u.lease is None else _encode(u.lease.model_dump())
+            lease = None if u.lease is None else records.encode(u.lease.model_dump())
             fields = {
                 "status": u.status.value,
                 "attempt": u.attempt,
@@ -678,7 +476,7 @@ class MongoStorage:
             await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
-        now = _encode(utcnow())
+        now = records.encode(utcnow())
         # Renewals of one host share their lease object: those at one attempt are one
         # `UpdateMany` per `IDS_PER_WRITE` ids, the lease encoded once.
         groups: dict[tuple[int, int], tuple[LeaseRenewal, list[str]]] = {}
@@ -687,7 +485,7 @@ class MongoStorage:
             group[1].append(step_key(r.job_id, r.step_id))
         writes = []
         for r, keys in groups.values():
-            change = {"$set": {"lease": _encode(r.lease.model_dump()), "updated": now}}
+            change = {"$set": {"lease": records.encode(r.lease.model_dump()), "updated": now}}
             for chunk in chunks(keys, IDS_PER_WRITE):
                 only = {"_id": {"$in": chunk}, "status": _RUNNING, "attempt": r.attempt}
                 writes.append(UpdateMany(only, change))
@@ -706,17 +504,19 @@ class MongoStorage:
 
         def find(db: Database[Doc]) -> bool:
             return any(
-                db.job_steps.find_one(_equal(job_id=job_id, stage=stage, status=s), {"_id": 1})
+                db.job_steps.find_one(
+                    records.equal(job_id=job_id, stage=stage, status=s), {"_id": 1}
+                )
                 for s in wanted
             )
 
         return bool(wanted) and await self._run(find)
 
     async def count_by_status(self, job_id: str) -> StatusCounts:
-        return await self._run(lambda db: _count_by_status(db, job_id))
+        return await self._run(lambda db: records.count_by_status(db, job_id))
 
     async def remove_job_steps(self, job_id: str) -> None:
-        await self._run(lambda db: db.job_steps.delete_many(_equal(job_id=job_id)))
+        await self._run(lambda db: db.job_steps.delete_many(records.equal(job_id=job_id)))
 
     # counted steps
     async def add_counted(self, job_id: str, kind: CountedKind, step_ids: Collection[str]) -> None:
@@ -740,18 +540,18 @@ class MongoStorage:
         await self._run(lambda db: db.job_counted_steps.delete_one({"_id": key}))
 
     async def list_counted(self, job_id: str, kind: CountedKind) -> list[str]:
-        query = _equal(job_id=job_id, kind=kind.value)
+        query = records.equal(job_id=job_id, kind=kind.value)
         docs = await self._run(
             lambda db: list(db.job_counted_steps.find(query, {"step_id": 1}).sort("step_id", 1))
         )
         return [str(doc["step_id"]) for doc in docs]
 
     async def count_counted(self, job_id: str, kind: CountedKind) -> int:
-        query = _equal(job_id=job_id, kind=kind.value)
-        return await self._run(lambda db: _count(db, query, "job_counted_steps"))
+        query = records.equal(job_id=job_id, kind=kind.value)
+        return await self._run(lambda db: records.count(db, query, "job_counted_steps"))
 
     async def remove_job_counted(self, job_id: str) -> None:
-        await self._run(lambda db: db.job_counted_steps.delete_many(_equal(job_id=job_id)))
+        await self._run(lambda db: db.job_counted_steps.delete_many(records.equal(job_id=job_id)))
 
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:
@@ -763,7 +563,7 @@ class MongoStorage:
 
     async def list_manager_keys(self) -> list[JobsManagerKey]:
         docs = await self._run(lambda db: list(db.jobs_manager_keys.find().sort("_id", 1)))
-        return [_parse(JobsManagerKey, "jobs_manager_keys", doc) for doc in docs]
+        return [records.parse(JobsManagerKey, "jobs_manager_keys", doc) for doc in docs]
 
     async def close(self) -> None:
         """Closes the client; a later call opens a new one."""

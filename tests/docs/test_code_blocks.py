@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 NAMED = re.compile(r"# (\w+\.py)\n")
-#: How many block scripts run at the same time: a script's Ray start is mostly waiting for its
-#: processes to come up, so three at once finish sooner than two, and free their xdist worker.
-AT_ONCE = 3
+#: How many block scripts run at the same time.
+AT_ONCE = 2
 #: How long one script may take, in seconds.
 SCRIPT_SECONDS = 200
 #: Blocks that show a file as it is, which a test of its own runs as a script (checking more

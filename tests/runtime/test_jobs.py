@@ -219,7 +219,7 @@ def test_job_actor_exits__while_reports_keep_coming(connect, scope, files) -> No
     job = ray.get_actor(f"job/{started.job_id}", namespace=RAY_NAMESPACE)
     assert manager.wait(started.job_id, timeout=WAIT).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
 
-    in_flight = [job.report_outcomes.remote([]) for _ in range(4)]
+    in_flight: list[Any] = [job.report_outcomes.remote([]) for _ in range(4)]
     deadline = time.monotonic() + 20.0
     while time.monotonic() < deadline:
         done, in_flight = ray.wait(in_flight, num_returns=1)

@@ -4,6 +4,7 @@ list of plain tuples (an earlier release's form, or a test's) is read as well.""
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 from choreography_ray.core.messages import (
     Outcome,
@@ -45,5 +46,6 @@ def test_outcomes__cross_as_bytes_with_the_status_as_its_value() -> None:
 
 def test_lists_of_tuples__an_earlier_releases_form__are_read_too() -> None:
     assert starts_from_wire([tuple(s) for s in STARTS]) == STARTS  # type: ignore[misc]
-    earlier = outcomes_from_wire([("000002", 1, "Failed", "ValueError: no")])
+    four: Any = ("000002", 1, "Failed", "ValueError: no")  # no signature: an earlier release's
+    earlier = outcomes_from_wire([four])
     assert earlier == [OUTCOMES[1]._replace(signature=None)]

@@ -63,7 +63,8 @@ from choreography_ray.storage.scheduler import (
     merge_manifest,
     settle_keys,
 )
-from choreography_ray.storage.sqlite import SqliteStorage, shadow_missing
+from choreography_ray.storage.sqlite import SqliteStorage
+from choreography_ray.storage.sqlite_schema import shadow_missing
 
 log = get_logger(__name__)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from choreography_ray.core.turns import Turns
+from tests.unit.core.conftest import Activations
+from tests.unit.core.harness import eventually
+from tests.unit.core.jobs import Plan, StagedJob
 
 
 def test_turns__one_at_a_time_in_order_and_the_waiting_counted() -> None:
@@ -45,3 +48,31 @@ def test_turns__a_turn_cancelled_while_it_waits_is_no_longer_counted() -> None:
             assert turns.waiting.total() == 0
 
     asyncio.run(scenario())
+
+
+def test_reopen_waiting__counts_a_resume_or_a_retry_not_a_report_a_tick_or_a_stop(
+    activations: Activations,
+) -> None:
+    """What a job actor's exit gives way to (runtime/job_actor.py): only an operation that can
+    reopen the job; reports, ticks and stops keep coming and never do."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[1]))
+        core = h.c
+        async with core.turns.turn("held by the test"):
+            others = [
+                asyncio.create_task(core.report_outcomes([])),
+                asyncio.create_task(core.watchdog_tick()),
+                asyncio.create_task(core.stop()),
+            ]
+            await eventually(lambda: core.turns.waiting.total() == 3, what="three turns waiting")
+            assert not core.reopen_waiting
+            for reopening in (core.resume(), core.retry_failed_steps()):
+                task = asyncio.create_task(reopening)
+                await eventually(lambda: core.reopen_waiting, what="the reopening turn waiting")
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                assert not core.reopen_waiting
+        await asyncio.gather(*others, return_exceptions=True)
+
+    activations.run(scenario)
