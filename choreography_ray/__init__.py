@@ -61,7 +61,7 @@ from choreography_ray.scheduler import (
 )
 from choreography_ray.scheduler_client import AsyncScheduler, Scheduler
 from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
-from choreography_ray.step import JobStep, StepContext, StepResult
+from choreography_ray.step import BatchContext, JobStep, StepContext, StepResult
 
 __version__ = "0.1.0"
 
@@ -69,6 +69,7 @@ __all__ = [
     "After",
     "AsyncJobsManager",
     "AsyncScheduler",
+    "BatchContext",
     "BulkOperation",
     "BulkResult",
     "CannotResumeJobError",

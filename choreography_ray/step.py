@@ -166,18 +166,57 @@ class StepContext:
         return self._decisions.decide_sync(self.job_id, question, state, ask, answer_type)
 
 
+class BatchContext(StepContext):
+    """The context of one `perform_batch` call: the batch's steps (`steps`, in the order of the
+    requests), all of one job. Cancelled when the job stops; `step_id` and `attempt` are the
+    first step's."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: list[StepContext]) -> None:
+        first = steps[0]
+        super().__init__(first.job_id, first.step_id, first.stage, first.attempt, first._decisions)
+        self.steps = steps
+
+
 class JobStep(Generic[RequestT]):
-    """A unit of work of a job. Override `perform` (async, or sync to run in a worker thread).
+    """A unit of work of a job. Override `perform` (async, or sync to run in a worker thread),
+    or `perform_batch` to get many steps' requests in one call.
 
     `dedicated = True` runs each step of this type in its own named actor
     `step/{job_id}/{step_id}`, created with `actor_options` (e.g. `{"num_gpus": 1}`).
+
+    `resources` (`num_cpus`, `num_gpus`, `memory` in bytes, custom resources) runs the type's
+    steps on a pool of hosts of that shape, `pool/{shape}/{node}/{n}`, each reserving them:
+    as many per node as the node's resources fit. A host makes one instance of the type, calls
+    `setup` once before its first step (again on the next steps when it raised), and runs at
+    most `concurrency` performs (or batches) of the type at once. A type without `resources`
+    that overrides `setup` or `perform_batch` gets the same on the shared hosts.
+    `max_concurrent` and `max_per_second` limit the type's steps over every job and host of
+    the cluster (docs/pools.md).
     """
 
     dedicated: ClassVar[bool] = False
     actor_options: ClassVar[dict[str, Any]] = {}
+    resources: ClassVar[dict[str, float] | None] = None
+    concurrency: ClassVar[int] = 1
+    batch_size: ClassVar[int] = 64
+    batch_wait: ClassVar[float] = 0.05
+    max_concurrent: ClassVar[int | None] = None
+    max_per_second: ClassVar[float | None] = None
+
+    def setup(self) -> Any:
+        """Once per host before the type's first step there (async, or sync in a worker
+        thread): load a model, open a client. Raising fails the steps it was called for."""
 
     def perform(self, request: RequestT, context: StepContext) -> Any:
         raise NotImplementedError(f"{type(self).__qualname__} does not implement perform")
+
+    def perform_batch(self, requests: list[RequestT], context: BatchContext) -> Any:
+        """One `StepResult` per request, in order (async, or sync in a worker thread). Raising
+        fails every step of the batch. Gets up to `batch_size` steps of one job, waiting at
+        most `batch_wait` seconds for a batch to fill."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement perform_batch")
 
     @classmethod
     def request_type(cls) -> type[BaseModel]:

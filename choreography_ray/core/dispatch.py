@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from choreography_ray.core import host_watch, job_record, settling, stage_flow, stop_flow
 from choreography_ray.core.messages import StepStart, describe, failed
 from choreography_ray.core.mode import STOPPING
+from choreography_ray.core.placement import Placement, placement_of
 from choreography_ray.core.watchdog import stored_outcome
 from choreography_ray.core.window import RunState
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.step import JobStep
 from choreography_ray.types import import_type
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def startable(
     cannot: list[tuple[StepStart, str]] = []
     for start in starts:
         try:
-            is_dedicated(a, start.type)
+            placement(a, start.type)
         except Exception as error:
             cannot.append((start, describe(error)))
         else:
@@ -54,22 +54,19 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
         await stage_flow.refill(a)
         if not (batch := a.window.next_batch()):
             break
-        shared: list[StepStart] = []
+        #: Per placement (the shared hosts, a pool, an actor each), the batch's steps.
+        grouped: dict[Placement, list[StepStart]] = {}
         cannot: list[tuple[StepStart, str]] = []
         for start in batch:
             try:
-                dedicated = is_dedicated(a, start.type)
+                where = placement(a, start.type)
             except Exception as error:
                 cannot.append((start, describe(error)))
                 continue
-            if dedicated:
-                host = a.hosts.place(a.job_id, start, dedicated=True)
-                answers.append(a.send(host, [start]))
-            else:
-                shared.append(start)
-        if shared:
-            host = a.hosts.place(a.job_id, shared[0], dedicated=False)
-            answers.append(a.send(host, shared))
+            grouped.setdefault(where, []).append(start)
+        for where, starts in grouped.items():
+            for host, share in a.hosts.place(a.job_id, starts, where):
+                answers.append(a.send(host, share))
         if cannot:
             await cannot_start(a, cannot)
     return answers
@@ -91,19 +88,19 @@ async def cannot_start(a: JobCore, failures: list[tuple[StepStart, str]]) -> Non
         settling.settle(a, start, outcome)
 
 
-def is_dedicated(a: JobCore, type_path: str) -> bool:
-    dedicated = a.dedicated_types.get(type_path)
-    if dedicated is None:
+def placement(a: JobCore, type_path: str) -> Placement:
+    """Where the type's steps run (`core.placement`), read once per type and activation."""
+    where = a.placements.get(type_path)
+    if where is None:
         step_type = import_type(type_path, a.options.allowed_type_prefixes)
-        if not issubclass(step_type, JobStep):
-            raise TypeError(f"{type_path} is not a choreography_ray.JobStep")
-        dedicated = a.dedicated_types[type_path] = bool(step_type.dedicated)
-    return dedicated
+        where = a.placements[type_path] = placement_of(step_type)
+    return where
 
 
-def dedicated_type(a: JobCore, type_path: str) -> bool:
+def is_dedicated(a: JobCore, type_path: str) -> bool:
+    """Whether the type's steps run in an actor each (False for a type that does not load)."""
     try:
-        return is_dedicated(a, type_path)
+        return placement(a, type_path).dedicated
     except Exception:
         return False
 

@@ -8,11 +8,16 @@ from typing import Protocol
 
 from choreography_ray.core.messages import StepStart
 from choreography_ray.core.metrics import Labels
+from choreography_ray.core.placement import Placement
 
 
 class Hosts(Protocol):
-    def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
-        """The host that will run this step: the next shared host, or the step's own actor."""
+    def place(
+        self, job_id: str, starts: list[StepStart], placement: Placement
+    ) -> list[tuple[str, list[StepStart]]]:
+        """The hosts that will run these steps of one placement, each with its share: the
+        next shared host all of them, the pool's hosts a share each, or each step its own
+        actor."""
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0

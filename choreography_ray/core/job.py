@@ -37,6 +37,7 @@ from choreography_ray.core.hosts import Hosts
 from choreography_ray.core.messages import Outcome, StepStart
 from choreography_ray.core.metrics import NO_METRICS, BatchKind, Histogram, Labels, Metrics, Tally
 from choreography_ray.core.mode import DRIVING, EXITS, SERVING, Exit, Mode, check_mode
+from choreography_ray.core.placement import Placement
 from choreography_ray.core.planning import Feed, feed_page
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.stages import Stages
@@ -107,7 +108,7 @@ class JobCore:
         #: hosts carries it; 0 until taken.
         self.epoch = 0
         self.dirty = False
-        self.dedicated_types: dict[str, bool] = {}  # step type path -> dedicated
+        self.placements: dict[str, Placement] = {}  # step type path -> where its steps run
         #: Per host, the incarnation this activation watches (the last one that answered).
         self.incarnations: dict[str, str | None] = {}
         self.timers = Timers(self.kick)

@@ -84,4 +84,8 @@ def _unpack(wire: bytes | Iterable[_Wire]) -> Iterable[_Wire]:
 
 
 def describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    try:
+        text = str(error)
+    except Exception:  # a failure's message must not fail the step's outcome
+        text = "(its message could not be read)"
+    return f"{type(error).__name__}: {text}"

@@ -33,7 +33,7 @@ def accept(a: JobCore, outcome: Outcome) -> bool:
     if entry is None:
         return False
     start, host = entry
-    if dispatch.dedicated_type(a, start.type):
+    if dispatch.is_dedicated(a, start.type):
         a.hosts.release(host)
     return settle(a, start, outcome)
 
@@ -135,5 +135,5 @@ async def forget_stored_outcomes(a: JobCore, stage: int) -> None:
     counted them."""
     for outcome in await lost_reports(a.storage, a.job_id, settleable(a, stage)):
         entry = a.window.take(outcome.step_id, outcome.attempt)
-        if entry is not None and dispatch.dedicated_type(a, entry[0].type):
+        if entry is not None and dispatch.is_dedicated(a, entry[0].type):
             a.hosts.release(entry[1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -14,15 +15,32 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from choreography_ray.core.messages import StepStart, starts_to_wire
 from choreography_ray.core.metrics import Labels
+from choreography_ray.core.placement import Placement, actor_resources, hosts_fit
 from choreography_ray.errors import StepHostUnknownError
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.membership import alive_cpu_nodes
-from choreography_ray.runtime.names import actor_options, step_actor_name, step_host_name
+from choreography_ray.runtime.membership import alive_node_resources
+from choreography_ray.runtime.names import (
+    PENDING,
+    actor_options,
+    pool_host_name,
+    pool_prefix,
+    step_actor_name,
+    step_host_name,
+)
 from choreography_ray.runtime.step_host import StepHost
 from choreography_ray.types import import_type
 
 log = get_logger(__name__)
+
+
+@dataclass
+class Pool:
+    """The hosts of one resource shape, as this activation knows them."""
+
+    resources: tuple[tuple[str, float], ...]
+    hosts: list[str] = field(default_factory=list)
+    turn: int = 0
 
 
 class RayHosts:
@@ -34,45 +52,101 @@ class RayHosts:
         self.handles: dict[str, Any] = {}
         self._shared: list[str] = []
         self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
+        #: The pools this activation placed steps on, by shape.
+        self.pools: dict[str, Pool] = {}
+        #: The alive nodes' resources (Ray's names), as the last refresh read them.
+        self._nodes: dict[str, dict[str, float]] = {}
         #: Kills of released dedicated step actors in flight.
         self._releasing: set[asyncio.Task[None]] = set()
 
     async def refresh(self) -> None:
         """Creates (or finds) the hosts of every alive node; forgets those of dead nodes."""
-        self._build(await asyncio.to_thread(alive_cpu_nodes))
+        self._build(await asyncio.to_thread(alive_node_resources))
 
-    def _build(self, nodes: dict[str, int]) -> None:
-        shared: dict[str, Any] = {}
-        for node_id, cpus in nodes.items():
-            for index in range(self._options.step_hosts_per_node or cpus):
+    def _build(self, nodes: dict[str, dict[str, float]]) -> None:
+        self._nodes = nodes
+        built: dict[str, Any] = {}
+        for node_id, resources in nodes.items():
+            for index in range(self._options.step_hosts_per_node or hosts_fit((), resources)):
                 name = step_host_name(node_id, index)
-                shared[name] = self.handles.get(name) or StepHost.options(  # type: ignore[attr-defined]
-                    **actor_options(
-                        name,
-                        self._namespace,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                    )
-                ).remote(*self._args)
-        dedicated = {n: h for n, h in self.handles.items() if not n.startswith("step-host/")}
-        self.handles = {**dedicated, **shared}
-        self._shared = list(shared)
+                built[name] = self._host(name, node_id)
+        self._shared = list(built)
+        for shape, pool in self.pools.items():
+            pool.hosts = []
+            for node_id, resources in nodes.items():
+                for index in range(hosts_fit(pool.resources, resources)):
+                    name = pool_host_name(shape, node_id, index)
+                    built[name] = self._host(name, node_id, pool.resources)
+                    pool.hosts.append(name)
+            if not pool.hosts:
+                # No alive node fits the shape: one host Ray places where it can, pending
+                # until a node that fits joins, which an autoscaler sees as demand.
+                name = pool_host_name(shape, PENDING, 0)
+                built[name] = self._host(name, None, pool.resources)
+                pool.hosts.append(name)
+        rebuilt = ("step-host/", *map(pool_prefix, self.pools))
+        others = {n: h for n, h in self.handles.items() if not n.startswith(rebuilt)}
+        self.handles = {**others, **built}
 
-    def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
-        if dedicated:
-            step_type = import_type(start.type, self._options.allowed_type_prefixes)
-            name = step_actor_name(job_id, start.step_id)
-            self.handles[name] = StepHost.options(  # type: ignore[attr-defined]
-                **actor_options(name, self._namespace, **getattr(step_type, "actor_options", {}))
-            ).remote(*self._args)
-            return name
+    def _host(
+        self, name: str, node_id: str | None, resources: tuple[tuple[str, float], ...] | None = None
+    ) -> Any:
+        """The handle of a shared host (`resources` None) or a pool's, created when missing."""
+        if (handle := self.handles.get(name)) is not None:
+            return handle
+        extra: dict[str, Any] = {}
+        if node_id is not None:
+            extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        idle_timeout = None
+        if resources is not None:
+            extra.update(actor_resources(resources))
+            timeout = self._options.pool_idle_timeout
+            idle_timeout = None if timeout is None else timeout.total_seconds()
+        return StepHost.options(  # type: ignore[attr-defined]
+            **actor_options(name, self._namespace, **extra)
+        ).remote(*self._args, idle_timeout)
+
+    def place(
+        self, job_id: str, starts: list[StepStart], placement: Placement
+    ) -> list[tuple[str, list[StepStart]]]:
+        if placement.dedicated:
+            return [(self._dedicated(job_id, start), [start]) for start in starts]
+        if placement.shape is not None:
+            return self._place_in_pool(placement, starts)
         if not self._shared:
             # The first placement of an activation: one read of the node table.
-            self._build(alive_cpu_nodes())
+            self._build(alive_node_resources())
             if not self._shared:
                 raise RuntimeError("no alive Ray node to host steps")
         name = self._shared[self._turn % len(self._shared)]
         self._turn += 1
+        return [(name, starts)]
+
+    def _dedicated(self, job_id: str, start: StepStart) -> str:
+        step_type = import_type(start.type, self._options.allowed_type_prefixes)
+        name = step_actor_name(job_id, start.step_id)
+        self.handles[name] = StepHost.options(  # type: ignore[attr-defined]
+            **actor_options(name, self._namespace, **getattr(step_type, "actor_options", {}))
+        ).remote(*self._args)
         return name
+
+    def _place_in_pool(
+        self, placement: Placement, starts: list[StepStart]
+    ) -> list[tuple[str, list[StepStart]]]:
+        """An even share of `starts` to each host of the pool, from the next one on."""
+        assert placement.shape is not None
+        pool = self.pools.get(placement.shape)
+        if pool is None:
+            # The activation's first step of the shape: its hosts on every node they fit.
+            pool = self.pools[placement.shape] = Pool(placement.resources)
+            self._build(self._nodes or alive_node_resources())
+        hosts = len(pool.hosts)
+        share = -(-len(starts) // hosts)
+        placed = []
+        for begin in range(0, len(starts), share):
+            placed.append((pool.hosts[pool.turn % hosts], starts[begin : begin + share]))
+            pool.turn += 1
+        return placed
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
@@ -98,7 +172,7 @@ class RayHosts:
         also those an earlier activation created. A dead host runs nothing; a live one that
         does not answer raises `StepHostUnknownError`."""
         await self.refresh()
-        await self._find_dedicated(job_id)
+        await self._find_hosts(job_id)
         names = list(self.handles)
         answers = await asyncio.gather(
             *(self.handles[n].running_steps.remote(job_id, fence, epoch) for n in names),
@@ -115,19 +189,21 @@ class RayHosts:
             running.update(dict.fromkeys(answer, name))
         return running
 
-    async def _find_dedicated(self, job_id: str) -> None:
-        """Handles of the job's dedicated step actors this activation did not create."""
-        for name in await asyncio.to_thread(self._dedicated_names, job_id):
+    async def _find_hosts(self, job_id: str) -> None:
+        """Handles of the job's dedicated step actors and of the pools' hosts this activation
+        did not create (an earlier one did)."""
+        prefixes = (step_actor_name(job_id, ""), pool_prefix())
+        for name in await asyncio.to_thread(self._named, *prefixes):
             if name not in self.handles:
                 with contextlib.suppress(ValueError):  # gone since it was listed
                     self.handles[name] = ray.get_actor(name, namespace=self._namespace)
 
-    def _dedicated_names(self, job_id: str) -> list[str]:
-        prefix = step_actor_name(job_id, "")
+    def _named(self, *prefixes: str) -> list[str]:
+        """The names of this namespace's actors that start with one of `prefixes`."""
         return [
             actor["name"]
             for actor in ray.util.list_named_actors(all_namespaces=True)
-            if actor["namespace"] == self._namespace and actor["name"].startswith(prefix)
+            if actor["namespace"] == self._namespace and actor["name"].startswith(prefixes)
         ]
 
     async def lift_fence(self, job_id: str) -> None:
@@ -170,7 +246,7 @@ class RayHosts:
 
     async def release_job(self, job_id: str) -> None:
         """Every dedicated step actor of the job, also those a lost activation left behind."""
-        for name in await asyncio.to_thread(self._dedicated_names, job_id):
+        for name in await asyncio.to_thread(self._named, step_actor_name(job_id, "")):
             with contextlib.suppress(Exception):
                 ray.kill(ray.get_actor(name, namespace=self._namespace), no_restart=True)
 

@@ -20,10 +20,10 @@ def alive_nodes() -> set[str]:
     return {node_id for node_id, alive in node_table().items() if alive}
 
 
-def alive_cpu_nodes() -> dict[str, int]:
-    """Alive node ids with their CPU count (at least 1)."""
+def alive_node_resources() -> dict[str, dict[str, float]]:
+    """Alive node ids with their total resources (Ray's names: CPU, GPU, memory, custom)."""
     return {
-        node["NodeID"]: max(1, int(node.get("Resources", {}).get("CPU", 1)))
+        node["NodeID"]: dict(node.get("Resources", {}))
         for node in ray.nodes()  # type: ignore[no-untyped-call]
         if node.get("Alive")
     }

@@ -31,7 +31,7 @@ import itertools
 import os
 import time
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,10 +42,12 @@ from choreography_ray.core.messages import (
     Outcome,
     StartWire,
     StepStart,
+    describe,
     failed,
     starts_from_wire,
 )
 from choreography_ray.core.metrics import UNKNOWN, Histogram, Labels, WriteOperation
+from choreography_ray.core.placement import placement_of, uses_lane
 from choreography_ray.core.retries import Backoff
 from choreography_ray.errors import StaleActivationError
 from choreography_ray.logs import configure_actor, get_logger, ids
@@ -54,6 +56,7 @@ from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
+from choreography_ray.runtime.lanes import Lane
 from choreography_ray.runtime.metrics import metrics_for
 from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
@@ -145,10 +148,14 @@ class StepHostCore:
         self._outbox_scheduled = False
         self._room = asyncio.Condition()
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="step")
+        #: The step types that run through one instance here (`runtime.lanes`).
+        self.lanes: dict[type[JobStep[Any]], Lane] = {}
         self._silo = ray.get_runtime_context().get_node_id()
         #: This process of the hosting actor: a restart is a new incarnation.
         self.incarnation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
         self.tasks: set[asyncio.Task[None]] = set()
+        #: A pool's host that was idle long enough: it takes no more steps, and leaves.
+        self.leaving = False
 
     def tenant(self, job_id: str, context: tuple[str, str]) -> Tenant:
         tenant = self.tenants.get(context)
@@ -177,6 +184,8 @@ class StepHostCore:
         A step already running here is not started twice. `labels` are the job's metric tags.
         A start of an activation older than one that asked this host already (`epoch`) is
         refused with `StaleActivationError`, also after waiting for room."""
+        if self.leaving:
+            raise RuntimeError("this pool host is leaving (it was idle): start the steps elsewhere")
         self._see_epoch(job_id, epoch)
         self._hold(job_id)
         self.job_labels[job_id] = labels
@@ -319,8 +328,13 @@ class StepHostCore:
         task: asyncio.Future[Any] | None = None
         out: Any = None
         try:
-            step_type, request_type, is_async = _step_type(step.type, options.allowed_type_prefixes)
+            step_type, request_type, is_async, lane = _step_type(
+                step.type, options.allowed_type_prefixes
+            )
             request = request_type.model_validate_json(step.request_json)
+            if lane:
+                self._lane(step_type).add(job_id, step, request, context)
+                return
             perform = step_type().perform
             if is_async:
                 driver = SliceDriver(perform(request, context))
@@ -342,6 +356,12 @@ class StepHostCore:
             return
         self.running[key] = (context, task)
         task.add_done_callback(lambda t: self._finish_task(job_id, step, t, driver))
+
+    def _lane(self, step_type: type[JobStep[Any]]) -> Lane:
+        lane = self.lanes.get(step_type)
+        if lane is None:
+            lane = self.lanes[step_type] = Lane(step_type, self._pool, self._finish, self.spawn)
+        return lane
 
     def _finish_task(
         self, job_id: str, step: StepStart, task: asyncio.Future[Any], driver: SliceDriver | None
@@ -460,6 +480,8 @@ class StepHostCore:
             if owner == job_id:
                 context.cancel()
                 told += 1
+        for lane in self.lanes.values():
+            lane.cancel(job_id)  # its steps waiting in a lane end stopped now
         return told
 
     async def running_steps(self, job_id: str, fence: bool = False, epoch: int = 0) -> list[str]:
@@ -546,6 +568,37 @@ class StepHostCore:
                         WriteOperation.RENEW_LEASES,
                     )
 
+    async def leave_when_idle(
+        self, idle_seconds: float, leave: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Calls `leave` once the host has held nothing (no step, start or job task) for
+        `idle_seconds`, refusing starts from then on; checked every quarter of it."""
+        idle_since: float | None = None
+        while True:
+            await asyncio.sleep(max(idle_seconds / 4, 0.05))
+            if self.holds:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= idle_seconds:
+                self.leaving = True
+                log.info("pool host idle for %g s: leaving", idle_seconds)
+                await leave()
+                return
+
+    def describe(self) -> dict[str, Any]:
+        """Steps here: `running` (held here), and per lane's type its steps `busy` (in a
+        perform or batch) and `queued` (waiting in the lane)."""
+        lanes = {
+            f"{t.__module__}.{t.__qualname__}": {
+                "busy": lane.performing,
+                "queued": lane.waiting,
+                "set_up": lane.ready,
+            }
+            for t, lane in self.lanes.items()
+        }
+        return {"running": len(self.running), "lanes": lanes, "leaving": self.leaving}
+
     def spawn(
         self, coro: Coroutine[Any, Any, None], name: str, job_id: str | None = None
     ) -> asyncio.Task[None]:
@@ -589,12 +642,13 @@ class StepHostCore:
 @functools.lru_cache(maxsize=1024)
 def _step_type(
     path: str, allowed_prefixes: tuple[str, ...] | None
-) -> tuple[type[JobStep[Any]], type[BaseModel], bool]:
-    """A step type, its request model, and whether its `perform` is a coroutine function."""
-    step_type = import_type(path, allowed_prefixes)
-    if not issubclass(step_type, JobStep):
-        raise TypeError(f"{path} is not a JobStep")
-    return step_type, step_type.request_type(), inspect.iscoroutinefunction(step_type.perform)
+) -> tuple[type[JobStep[Any]], type[BaseModel], bool, bool]:
+    """A step type, its request model, whether its `perform` is a coroutine function, and
+    whether it runs through a lane (`core.placement.uses_lane`)."""
+    step_type: type[JobStep[Any]] = import_type(path, allowed_prefixes)
+    placement_of(step_type)  # a JobStep, its attributes checked
+    is_async = inspect.iscoroutinefunction(step_type.perform)
+    return step_type, step_type.request_type(), is_async, uses_lane(step_type)
 
 
 def _outcome(
@@ -619,7 +673,7 @@ def _outcome(
             return Outcome(step.step_id, step.attempt, StepStatus.STOPPED)
         if isinstance(error, asyncio.CancelledError):
             return failed(step.step_id, step.attempt, StepStatus.FAILED, UNASKED_CANCEL)
-        return failed(step.step_id, step.attempt, StepStatus.FAILED, _describe(error))
+        return failed(step.step_id, step.attempt, StepStatus.FAILED, describe(error))
     if not isinstance(result, StepResult):
         return failed(
             step.step_id,
@@ -633,22 +687,35 @@ def _outcome(
     return failed(step.step_id, step.attempt, status, result.message, result.code)
 
 
-def _describe(error: BaseException) -> str:
-    try:
-        text = str(error)
-    except Exception:  # a failure's message must not fail the step's outcome
-        text = "(its message could not be read)"
-    return f"{type(error).__name__}: {text}"
-
-
 @ray.remote
 class StepHost:
-    """`step-host/{node_id}/{n}`, or a dedicated `step/{job_id}/{step_id}` actor."""
+    """`step-host/{node_id}/{n}`, a pool's `pool/{shape}/{node_id}/{n}` (it leaves after
+    `idle_timeout` s without a step), or a dedicated `step/{job_id}/{step_id}` actor."""
 
-    def __init__(self, namespace: str, capacity: int) -> None:
+    def __init__(self, namespace: str, capacity: int, idle_timeout: float | None = None) -> None:
         configure_actor()
         tune_gc()
         self.core = StepHostCore(namespace, capacity)
+        self._idle_timeout = idle_timeout
+        self._idle_watch: asyncio.Task[None] | None = None
+
+    def _watch_idle(self) -> None:
+        """Starts the idle watch of a pool's host, on its first call (the loop runs then)."""
+        if self._idle_timeout is not None and self._idle_watch is None:
+            self._idle_watch = self.core.spawn(
+                self.core.leave_when_idle(self._idle_timeout, self._leave), "leave-when-idle"
+            )
+
+    @staticmethod
+    async def _leave() -> None:
+        """Ends this actor for good: it is not restarted, and its resources go back to Ray."""
+        me = ray.get_runtime_context().current_actor
+        await asyncio.to_thread(ray.kill, me, no_restart=True)
+
+    async def describe(self) -> dict[str, Any]:
+        """What the host runs now (`StepHostCore.describe`)."""
+        self._watch_idle()
+        return self.core.describe()
 
     async def start_steps(
         self,
@@ -661,6 +728,7 @@ class StepHost:
         """How many steps started, and this host's incarnation (what the job watches).
         `labels` (scope, namespace, job type) tag what the host records of the job; a job
         actor of an earlier release sends none."""
+        self._watch_idle()
         job_labels = UNKNOWN if labels is None else Labels(*labels)
         starts = starts_from_wire(steps)
         started = await self.core.start_steps(job_id, context, starts, job_labels, epoch)

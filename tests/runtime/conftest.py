@@ -41,6 +41,8 @@ def ray_cluster() -> Iterator[None]:
         ray.init(
             address="local",
             num_cpus=2,
+            # Declared GPUs (Ray accepts them on a machine without any): the pool tests' shape.
+            num_gpus=2,
             namespace=RAY_NAMESPACE,
             include_dashboard=False,
             logging_level=logging.WARNING,
@@ -50,9 +52,10 @@ def ray_cluster() -> Iterator[None]:
 
 
 #: The name prefixes of the actors that are a test's own: its scope's jobs managers (a fresh
-#: scope per test) and schedulers. The recovery actor and the step hosts of `RAY_NAMESPACE` are
-#: shared by every test, as in production, and stay.
-OWN_ACTORS = ("jobs-manager/", "scheduler/")
+#: scope per test), schedulers and pool hosts (each test's pools start new, their steps' set-up
+#: unseen). The recovery actor and the step hosts of `RAY_NAMESPACE` are shared by every test,
+#: as in production, and stay.
+OWN_ACTORS = ("jobs-manager/", "scheduler/", "pool/")
 
 
 def actor_is_gone(name: str) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.messages import Outcome, StepStart, failed
 from choreography_ray.core.metrics import Counter, Histogram, Labels
+from choreography_ray.core.placement import Placement
 from choreography_ray.errors import (
     StaleActivationError,
     StepHostUnknownError,
@@ -126,15 +127,17 @@ class FakeHosts:
 
     # -- the Hosts protocol -------------------------------------------------------------------
 
-    def place(self, job_id: str, start: StepStart, dedicated: bool) -> str:
-        if dedicated:
-            return f"step/{job_id}/{start.step_id}"
+    def place(
+        self, job_id: str, starts: list[StepStart], placement: Placement
+    ) -> list[tuple[str, list[StepStart]]]:
+        if placement.dedicated:
+            return [(f"step/{job_id}/{start.step_id}", [start]) for start in starts]
         alive = [h for h in self.shared if h not in self.dead]
         if not alive:
             raise RuntimeError("no alive host")
         host = alive[self._turn % len(alive)]
         self._turn += 1
-        return host
+        return [(host, list(starts))]
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0

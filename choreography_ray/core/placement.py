@@ -1,0 +1,118 @@
+"""Where a step type's steps run, read from its class attributes and checked once per type: the
+shared hosts, an actor each (`dedicated`), or a pool of hosts of the type's resource shape; and
+how many hosts of a shape a node fits. No Ray here: the job and the step host both read it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from choreography_ray.step import JobStep
+
+#: The `resources` keys Ray's actor options name otherwise, with the node resource they take.
+RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+
+
+class Placement(NamedTuple):
+    """`shape` names the pool (None: the shared hosts); `resources` are what one of its hosts
+    reserves, sorted, as `JobStep.resources` says them."""
+
+    dedicated: bool = False
+    shape: str | None = None
+    resources: tuple[tuple[str, float], ...] = ()
+
+
+SHARED = Placement()
+
+
+def placement_of(step_type: type[Any]) -> Placement:
+    """The placement of a step type; `TypeError` naming the attribute when one is wrong."""
+    if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
+        raise TypeError(f"{getattr(step_type, '__qualname__', step_type)} is not a JobStep")
+    check_lane(step_type)
+    resources = step_type.resources
+    if resources is None:
+        return Placement(dedicated=bool(step_type.dedicated))
+    name = step_type.__qualname__
+    if step_type.dedicated:
+        raise TypeError(f"{name}: set `resources` (a pool) or `dedicated`, not both")
+    if not isinstance(resources, Mapping):
+        raise TypeError(f"{name}.resources must be a dict of resource name -> amount")
+    shape: list[tuple[str, float]] = []
+    for key, amount in sorted(resources.items()):
+        if not isinstance(key, str) or not key or any(c in key for c in "/=,"):
+            raise TypeError(f"{name}.resources: {key!r} is not a resource name")
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
+            raise TypeError(f"{name}.resources[{key!r}] must be a number >= 0, not {amount!r}")
+        shape.append((key, float(amount)))
+    return Placement(shape=shape_name(tuple(shape)), resources=tuple(shape))
+
+
+def check_lane(step_type: type[JobStep[Any]]) -> None:
+    """The host-side attributes: concurrency, batches, limits."""
+    name = step_type.__qualname__
+    for attribute, low in (("concurrency", 1), ("batch_size", 1)):
+        value = getattr(step_type, attribute)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise TypeError(f"{name}.{attribute} must be an int >= {low}, not {value!r}")
+    if not _number(step_type.batch_wait) or step_type.batch_wait < 0:
+        raise TypeError(f"{name}.batch_wait must be seconds >= 0, not {step_type.batch_wait!r}")
+    limit = step_type.max_concurrent
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise TypeError(f"{name}.max_concurrent must be None or an int >= 1, not {limit!r}")
+    rate = step_type.max_per_second
+    if rate is not None and (not _number(rate) or not rate > 0):
+        raise TypeError(f"{name}.max_per_second must be None or a number > 0, not {rate!r}")
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def uses_lane(step_type: type[JobStep[Any]]) -> bool:
+    """Whether a host runs the type through one instance of it (`runtime.lanes.Lane`): a pool's
+    type, or one that sets itself up or performs batches."""
+    shaped = step_type.resources is not None
+    return shaped or is_batched(step_type) or _overrides(step_type, "setup")
+
+
+def is_batched(step_type: type[JobStep[Any]]) -> bool:
+    return _overrides(step_type, "perform_batch")
+
+
+def _overrides(step_type: type[JobStep[Any]], method: str) -> bool:
+    return getattr(step_type, method) is not getattr(JobStep, method)
+
+
+def shape_name(resources: tuple[tuple[str, float], ...]) -> str:
+    """`num_gpus=1`, `accelerator_type:A10G=0.001,num_cpus=2`; `none` for no resource at all."""
+    return ",".join(f"{key}={amount:g}" for key, amount in resources) or "none"
+
+
+def hosts_fit(resources: tuple[tuple[str, float], ...], node: Mapping[str, float]) -> int:
+    """How many hosts of the shape a node's resources (Ray's names: CPU, GPU, memory, custom)
+    hold: limited by each resource the shape needs; a shape that needs none gets one host per
+    CPU, as the shared hosts do."""
+    fits = [
+        int(node.get(RAY_NAMES.get(key, key), 0.0) / amount + 1e-9)
+        for key, amount in resources
+        if amount > 0
+    ]
+    if not fits:
+        return max(1, int(node.get("CPU", 1)))
+    return min(fits)
+
+
+def actor_resources(resources: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+    """Ray actor options reserving the shape: a host reserves no CPU unless the shape says so."""
+    options: dict[str, Any] = {"num_cpus": 0}
+    custom: dict[str, float] = {}
+    for key, amount in resources:
+        if key in RAY_NAMES:
+            options[key] = amount
+        else:
+            custom[key] = amount
+    if custom:
+        options["resources"] = custom
+    return options

@@ -1,0 +1,83 @@
+"""Job and step types of the pool tests (`test_pools.py`), importable by path in Ray workers.
+
+Steps run in pool hosts, other processes than the test: each batch records what it observes in
+the trace file its first request names (`tests.support.trace`), and the test reads it afterwards.
+The tests end their pool hosts, so each test's hosts are new processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from pydantic import BaseModel
+
+import choreography_ray as cr
+from tests.support import trace
+
+
+class Doc(BaseModel):
+    n: int
+    log: str
+    #: When set, a batch waits for its job to stop.
+    wait_for_stop: bool = False
+
+
+class EmbedStep(cr.JobStep[Doc]):
+    """A GPU-shaped type performing batches of up to 8 steps, one batch at a time a host."""
+
+    resources = {"num_gpus": 1}
+    batch_size = 8
+    batch_wait = 0.05
+
+    def setup(self) -> None:
+        self.setups = getattr(self, "setups", 0) + 1
+
+    async def perform_batch(self, requests: list[Doc], context: cr.BatchContext) -> list[Any]:
+        first = requests[0]
+        if first.wait_for_stop:
+            trace(first.log, event="waiting", size=len(requests))
+            await context.cancelled()
+            raise RuntimeError("told to stop")
+        trace(
+            first.log,
+            event="batch",
+            ns=[r.n for r in requests],
+            steps=[c.step_id for c in context.steps],
+            setups=self.setups,
+            actor=ray.get_runtime_context().get_actor_name(),
+            pid=os.getpid(),
+            gpus=ray.get_gpu_ids(),
+        )
+        return [cr.StepResult.succeeded() for _ in requests]
+
+
+class FailingSetupEmbedStep(EmbedStep):
+    """Its first `setup` in a process raises; the next one succeeds."""
+
+    def setup(self) -> None:
+        super().setup()
+        if self.setups == 1:
+            raise OSError("the model file is not there yet")
+
+
+STEP_TYPES = {"embed": EmbedStep, "failing-setup": FailingSetupEmbedStep}
+
+
+class EmbedRequest(BaseModel):
+    count: int
+    log: str
+    step_type: str = "embed"
+    wait_for_stop: bool = False
+
+
+class EmbedJob(cr.Job[EmbedRequest]):
+    def prepare_steps(self, request: EmbedRequest) -> list[cr.StepSpec]:
+        step_type = STEP_TYPES[request.step_type]
+        return [
+            self.create_step(
+                step_type, Doc(n=n, log=request.log, wait_for_stop=request.wait_for_stop)
+            )
+            for n in range(request.count)
+        ]

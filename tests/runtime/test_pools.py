@@ -1,0 +1,76 @@
+"""Pools of step hosts per resource shape (docs/pools.md) on real Ray: the session's cluster
+declares 2 GPUs, so a `num_gpus=1` shape gets two hosts on its one node."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import ray
+
+import choreography_ray as cr
+from tests.runtime.pool_jobs import EmbedJob, EmbedRequest
+from tests.support import eventually, read_trace
+
+SHAPE = "num_gpus=1"
+
+
+def test_pool__batches_on_gpu_shaped_hosts_each_set_up_once(connect, scope, tmp_path: Path):
+    manager = connect().manager(scope, "pools")
+    log = tmp_path / "batches.log"
+    started = manager.start(EmbedJob, EmbedRequest(count=200, log=str(log)))
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 200
+    batches = [event for event in read_trace(log) if event["event"] == "batch"]
+    assert sorted(n for batch in batches for n in batch["ns"]) == list(range(200))
+    assert max(len(batch["ns"]) for batch in batches) == 8  # batches fill up to batch_size
+    node = ray.get_runtime_context().get_node_id()
+    by_host = defaultdict(list)
+    for batch in batches:
+        by_host[(batch["actor"], batch["pid"])].append(batch)
+    # Both hosts of the node took a share, each reserving a GPU of its own.
+    assert {actor for actor, _ in by_host} == {f"pool/{SHAPE}/{node}/0", f"pool/{SHAPE}/{node}/1"}
+    gpus = {tuple(batch["gpus"]) for batch in batches}
+    assert len(gpus) == 2 and all(len(ids) == 1 for ids in gpus)
+    # One instance per host, set up once before its first batch.
+    assert all(batch["setups"] == 1 for batch in batches)
+
+
+def test_pool__a_failed_setup_fails_its_batch_and_is_tried_again(connect, scope, tmp_path: Path):
+    manager = connect().manager(scope, "pools")
+    log = tmp_path / "batches.log"
+    request = EmbedRequest(count=64, log=str(log), step_type="failing-setup")
+    started = manager.start(EmbedJob, request)
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_WITH_FAILURES
+    progress = state.progress
+    batches = [event for event in read_trace(log) if event["event"] == "batch"]
+    performed = sum(len(batch["ns"]) for batch in batches)
+    # Each host's first batch failed with its set-up; the next batches set up again and ran.
+    assert 1 <= progress.failed_steps <= 16
+    assert (progress.successful_steps, performed) == (64 - progress.failed_steps,) * 2
+    assert all(batch["setups"] == 2 for batch in batches)
+    failed = manager.steps(started.job_id)
+    assert len(failed) == progress.failed_steps
+    message = failed[0].status_changes[-1].exception_messages[0]
+    assert message.startswith("SetupError: FailingSetupEmbedStep.setup failed: OSError: the model")
+
+
+def test_pool__a_stop_reaches_the_running_and_the_waiting_batches(connect, scope, tmp_path):
+    manager = connect().manager(scope, "pools")
+    log = tmp_path / "batches.log"
+    started = manager.start(EmbedJob, EmbedRequest(count=40, log=str(log), wait_for_stop=True))
+    # One batch runs on each host (concurrency 1); the other steps wait in the hosts' lanes.
+    eventually(lambda: len(read_trace(log)) >= 2, timeout=60, what="a batch on each host")
+
+    manager.stop(started.job_id)
+    state = manager.wait(started.job_id, timeout=60)
+
+    assert state.status is cr.JobStatus.STOPPED
+    assert state.progress.stopped_steps == 40
+    assert state.progress.successful_steps + state.progress.failed_steps == 0
