@@ -170,8 +170,9 @@ def _worker_paths() -> list[str]:
 
 
 @contextmanager
-def local_ray() -> Iterator[None]:
-    """A fresh local Ray, stopped at the end. An already initialized Ray is used as it is."""
+def local_ray(num_gpus: int | None = None) -> Iterator[None]:
+    """A fresh local Ray, stopped at the end, declaring `num_gpus` GPUs (Ray takes them on a
+    machine without any). An already initialized Ray is used as it is."""
     if ray.is_initialized():
         yield
         return
@@ -189,6 +190,7 @@ def local_ray() -> Iterator[None]:
         ray.init(
             address="local",
             namespace=RAY_NAMESPACE,
+            num_gpus=num_gpus,
             include_dashboard=False,
             logging_level=logging.WARNING,
         )

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from pydantic import BaseModel
 
 import choreography_ray as cr
 from choreography_ray.bench.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
@@ -122,13 +123,17 @@ class Connection:
             delay = min(delay * 1.5, most)
 
     def run_job(
-        self, request: BenchRequest, timeout: float, seen: bool = False
+        self,
+        request: BaseModel,
+        timeout: float,
+        seen: bool = False,
+        job_type: type[cr.Job[Any]] = BenchJob,
     ) -> tuple[float, str, cr.JobState]:
         """Seconds from `start` to the terminal status the job stored (`seen`: to the poll
         that saw it, every `POLL_SECONDS`; a stalled job: to its last change), the status as
         reported (`status_of`), and the final record."""
         began, began_at = time.perf_counter(), utcnow()
-        started = self.manager.start(BenchJob, request)
+        started = self.manager.start(job_type, request)
         try:
             most = POLL_SECONDS if seen else POLL_MAX_SECONDS
             state = self.poll(started.job_id, _settled, timeout, most)

@@ -7,8 +7,9 @@ columns.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -107,6 +108,31 @@ def bench(
             "as stalled (a 10,000,000-step plan is written for minutes in PREPARING_JOB).",
         ),
     ] = 300.0,
+    pools: Annotated[
+        bool,
+        typer.Option(
+            "--pools",
+            help="Run the pool comparison instead: batched GPU-shaped steps against Ray Data "
+            "map_batches and dedicated steps (needs the `bench` extra: pandas, pyarrow).",
+        ),
+    ] = False,
+    pool_items: Annotated[
+        int, typer.Option(min=1, metavar="N", help="--pools: items, one step each.")
+    ] = 100_000,
+    gpus: Annotated[
+        int, typer.Option(min=1, help="--pools: GPUs the local Ray declares; hosts or actors.")
+    ] = 4,
+    batch_size: Annotated[int, typer.Option(min=1, help="--pools: items per batch.")] = 64,
+    batch_ms: Annotated[
+        float, typer.Option(min=0, help="--pools: simulated cost of a batch, in ms.")
+    ] = 5.0,
+    item_ms: Annotated[
+        float, typer.Option(min=0, help="--pools: simulated cost per item of a batch, in ms.")
+    ] = 0.05,
+    dedicated_sample: Annotated[
+        int,
+        typer.Option(min=0, help="--pools: dedicated steps timed and extrapolated; 0 skips."),
+    ] = 40,
     json_file: Annotated[
         Path | None,
         typer.Option("--json", metavar="FILE", help="Write every measurement to FILE as JSON."),
@@ -124,6 +150,13 @@ def bench(
 
     It starts its own local Ray. See docs/benchmarks.md for what each column means.
     """
+    if pools:
+        _bench_pools(
+            PoolOptions(pool_items, gpus, batch_size, batch_ms, item_ms, dedicated_sample),
+            repeat,
+            json_file,
+        )
+        return
     # Imported here: they import Ray, which the CLI's other commands need not wait for.
     from choreography_ray.bench import harness
     from choreography_ray.bench import report as report_module
@@ -170,6 +203,41 @@ def bench(
     if plot_file is not None:
         report_module.plot(report, plot_file)
         err_console.print(f"wrote {plot_file}", highlight=False, markup=False)
+
+
+class PoolOptions(NamedTuple):
+    items: int
+    gpus: int
+    batch_size: int
+    batch_ms: float
+    item_ms: float
+    dedicated_sample: int
+
+
+def _bench_pools(options: PoolOptions, repeat: int, json_file: Path | None) -> None:
+    from choreography_ray.bench import pools
+
+    config = pools.PoolConfig(
+        items=options.items,
+        gpus=options.gpus,
+        batch_size=options.batch_size,
+        cost=pools.Cost(batch_ms=options.batch_ms, item_ms=options.item_ms),
+        dedicated_sample=min(options.dedicated_sample, options.items),
+        repeat=repeat,
+    )
+
+    def log(message: str) -> None:
+        err_console.print(message, style="dim", highlight=False, markup=False, soft_wrap=True)
+
+    try:
+        report = pools.run(config, log=log)
+    except ImportError as error:
+        err_console.print(f"{error}: pip install 'choreography-ray[bench]'", markup=False)
+        raise typer.Exit(2) from error
+    pools.print_report(report, console)
+    if json_file is not None:
+        json_file.write_text(json.dumps(report.as_json(), indent=2) + "\n")
+        err_console.print(f"wrote {json_file}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

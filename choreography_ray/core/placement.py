@@ -12,6 +12,8 @@ from choreography_ray.step import JobStep
 
 #: The `resources` keys Ray's actor options name otherwise, with the node resource they take.
 RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+#: The smallest amount of a resource Ray tells apart from 0.
+SMALLEST = 0.0001
 
 
 class Placement(NamedTuple):
@@ -28,7 +30,9 @@ SHARED = Placement()
 
 def placement_of(step_type: type[Any]) -> Placement:
     """The placement of a step type; `TypeError` naming the attribute when one is wrong."""
-    if not (isinstance(step_type, type) and issubclass(step_type, JobStep)):
+    if not (isinstance(step_type, type) and issubclass(step_type, JobStep)) or (
+        step_type is JobStep
+    ):
         raise TypeError(f"{getattr(step_type, '__qualname__', step_type)} is not a JobStep")
     check_lane(step_type)
     resources = step_type.resources
@@ -43,8 +47,12 @@ def placement_of(step_type: type[Any]) -> Placement:
     for key, amount in sorted(resources.items()):
         if not isinstance(key, str) or not key or any(c in key for c in "/=,"):
             raise TypeError(f"{name}.resources: {key!r} is not a resource name")
-        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount >= 0:
-            raise TypeError(f"{name}.resources[{key!r}] must be a number >= 0, not {amount!r}")
+        if key in ("CPU", "GPU"):
+            raise TypeError(f"{name}.resources: say num_cpus, num_gpus or memory, not {key!r}")
+        if not _number(amount) or not (amount == 0 or amount >= SMALLEST):
+            raise TypeError(
+                f"{name}.resources[{key!r}] must be 0 or a number >= {SMALLEST:g}, not {amount!r}"
+            )
         shape.append((key, float(amount)))
     return Placement(shape=shape_name(tuple(shape)), resources=tuple(shape))
 
@@ -87,7 +95,7 @@ def _overrides(step_type: type[JobStep[Any]], method: str) -> bool:
 
 def shape_name(resources: tuple[tuple[str, float], ...]) -> str:
     """`num_gpus=1`, `accelerator_type:A10G=0.001,num_cpus=2`; `none` for no resource at all."""
-    return ",".join(f"{key}={amount:g}" for key, amount in resources) or "none"
+    return ",".join(f"{key}={amount:.15g}" for key, amount in resources) or "none"
 
 
 def hosts_fit(resources: tuple[tuple[str, float], ...], node: Mapping[str, float]) -> int:

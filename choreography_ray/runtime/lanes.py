@@ -62,6 +62,7 @@ class Lane:
         self.instance = step_type()
         self.batched = is_batched(step_type)
         self.size = step_type.batch_size if self.batched else 1
+        self._wait = step_type.batch_wait if self.batched else 0.0
         self.concurrency = step_type.concurrency
         #: Performs (or batches) running now, and their steps.
         self.busy = 0
@@ -88,18 +89,13 @@ class Lane:
         return sum(map(len, self.queued.values()))
 
     def pump(self) -> None:
-        """Starts performs (or batches) while fewer than `concurrency` run. A batch that is not
-        full waits until its oldest step has waited `batch_wait`."""
+        """Starts performs (or batches) while fewer than `concurrency` run, jobs in turn. A
+        job's batch that is not full waits until its oldest step has waited `batch_wait`."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        while self.busy < self.concurrency and self.queued:
-            job_id, queue = next(iter(self.queued.items()))
-            if len(queue) < self.size:
-                wait = queue[0].arrived + self.step_type.batch_wait - time.monotonic()
-                if wait > 0:
-                    self._timer = asyncio.get_running_loop().call_later(wait, self.pump)
-                    return
+        while self.busy < self.concurrency and (job_id := self._next_job()) is not None:
+            queue = self.queued[job_id]
             items = [queue.popleft() for _ in range(min(self.size, len(queue)))]
             if queue:
                 self.queued.move_to_end(job_id)  # the next job's turn
@@ -109,6 +105,17 @@ class Lane:
             self.performing += len(items)
             kind = "batch" if self.batched else "step"
             self._spawn(self._run(items), f"{kind} {self._name} {job_id}", job_id)
+        if self.busy < self.concurrency and self.queued:
+            due = min(queue[0].arrived for queue in self.queued.values()) + self._wait
+            self._timer = asyncio.get_running_loop().call_later(due - time.monotonic(), self.pump)
+
+    def _next_job(self) -> str | None:
+        """The first job, in turn, with a full batch or one that waited long enough."""
+        now = time.monotonic()
+        for job_id, queue in self.queued.items():
+            if len(queue) >= self.size or queue[0].arrived + self._wait <= now:
+                return job_id
+        return None
 
     def cancel(self, job_id: str) -> int:
         """A stop of the job: its waiting steps end stopped (their contexts are cancelled
@@ -119,6 +126,7 @@ class Lane:
         queue = self.queued.pop(job_id, ())
         for item in queue:
             self._finish(job_id, item.start, None, asyncio.CancelledError(), None)
+        self.pump()  # the other jobs' batches need not wait for this one's
         return len(queue)
 
     async def _run(self, items: list[Item]) -> None:

@@ -108,18 +108,33 @@ def test_placement_of__empty_resources_are_a_pool_of_shape_none() -> None:
         ),
         pytest.param(
             {"resources": {"num_gpus": -1}},
-            "Wrong.resources['num_gpus'] must be a number >= 0, not -1",
+            "Wrong.resources['num_gpus'] must be 0 or a number >= 0.0001, not -1",
             id="negative-amount",
         ),
         pytest.param(
             {"resources": {"num_gpus": True}},
-            "Wrong.resources['num_gpus'] must be a number >= 0, not True",
+            "Wrong.resources['num_gpus'] must be 0 or a number >= 0.0001, not True",
             id="bool-amount",
         ),
         pytest.param(
             {"resources": {"num_gpus": "1"}},
-            "Wrong.resources['num_gpus'] must be a number >= 0, not '1'",
+            "Wrong.resources['num_gpus'] must be 0 or a number >= 0.0001, not '1'",
             id="string-amount",
+        ),
+        pytest.param(
+            {"resources": {"num_gpus": math.inf}},
+            "Wrong.resources['num_gpus'] must be 0 or a number >= 0.0001, not inf",
+            id="infinite-amount",
+        ),
+        pytest.param(
+            {"resources": {"num_gpus": 0.00001}},
+            "Wrong.resources['num_gpus'] must be 0 or a number >= 0.0001, not 1e-05",
+            id="amount-below-ray's-resolution",
+        ),
+        pytest.param(
+            {"resources": {"GPU": 1}},
+            "Wrong.resources: say num_cpus, num_gpus or memory, not 'GPU'",
+            id="ray's-own-name",
         ),
         pytest.param(
             {"concurrency": 0}, "Wrong.concurrency must be an int >= 1, not 0", id="concurrency-0"
@@ -255,3 +270,15 @@ def test_is_batched__a_subclass_of_a_batched_type_is_batched() -> None:
         pass
 
     assert is_batched(Later) and uses_lane(Later)
+
+
+def test_placement_of__amounts_that_differ_name_different_pools() -> None:
+    small = placement_of(step_type("Small", resources={"memory": 4_000_000_000}))
+    large = placement_of(step_type("Large", resources={"memory": 4_000_001_000}))
+
+    assert (small.shape, large.shape) == ("memory=4000000000", "memory=4000001000")
+
+
+def test_placement_of__job_step_itself_is_no_step_type() -> None:
+    with pytest.raises(TypeError, match="is not a JobStep"):
+        placement_of(JobStep)

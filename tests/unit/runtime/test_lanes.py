@@ -1,0 +1,554 @@
+"""Lanes (no Ray): a step type run through one instance of it, set up once, at most
+`concurrency` performs (or batches) at once, a batched type's steps gathered per job into
+batches, a job's waiting steps stopped, and whatever a perform raises kept to its step."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pytest
+from pydantic import BaseModel
+
+from choreography_ray import JobStep
+from choreography_ray.core.messages import StepStart
+from choreography_ray.runtime.driver import SliceDriver
+from choreography_ray.runtime.lanes import Lane, SetupError
+from choreography_ray.step import BatchContext, StepContext
+from tests.unit.core.harness import eventually
+
+pytestmark = pytest.mark.timeout(10)
+
+#: Seconds a scenario may take before it fails.
+SCENARIO_TIMEOUT = 5.0
+#: The name of the lane's worker threads.
+THREADS = "lane-test"
+
+S = TypeVar("S", bound=JobStep[Any])
+
+
+class Number(BaseModel):
+    value: int
+
+
+class Host:
+    """What a step host gives a lane, recording what the lane does: each step's end as
+    (job_id, step_id, result, error), and the tasks it spawned."""
+
+    def __init__(self, step_type: type[JobStep[Any]], pool: ThreadPoolExecutor) -> None:
+        self.finished: list[tuple[str, str, Any, BaseException | None]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.lane = Lane(step_type, pool, self.finish, self.spawn)
+
+    def finish(
+        self,
+        job_id: str,
+        step: StepStart,
+        result: Any,
+        error: BaseException | None,
+        driver: SliceDriver | None,
+    ) -> None:
+        self.finished.append((job_id, step.step_id, result, error))
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str, job_id: str | None) -> Any:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.append(task)
+        return task
+
+    def add(self, job_id: str, *values: int) -> None:
+        """A step `{job_id}-{value}` of the job for each value, its request `Number(value)`."""
+        for value in values:
+            step_id = f"{job_id}-{value}"
+            request = Number(value=value)
+            start = StepStart(
+                step_id, "tests.unit.runtime.test_lanes", 0, 1, request.model_dump_json()
+            )
+            self.lane.add(job_id, start, request, StepContext(job_id, step_id, 0, 1))
+
+    def instance(self, step_type: type[S]) -> S:
+        instance = self.lane.instance
+        assert isinstance(instance, step_type)
+        return instance
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return {step_id: result for _, step_id, result, error in self.finished if error is None}
+
+    @property
+    def errors(self) -> dict[str, BaseException]:
+        return {step_id: error for _, step_id, _, error in self.finished if error is not None}
+
+    async def settled(self, steps: int) -> None:
+        """Waits until `steps` steps have ended and every task of the lane is done; none of
+        them may have raised (the lane keeps every error to its steps)."""
+        await eventually(lambda: len(self.finished) >= steps, what=f"{steps} steps ended")
+        while not all(task.done() for task in self.tasks):
+            await asyncio.gather(*self.tasks)
+        assert [t.exception() for t in self.tasks] == [None] * len(self.tasks)
+        assert len(self.finished) == steps
+
+
+def run(
+    step_type: type[JobStep[Any]], scenario: Callable[[Host], Coroutine[Any, Any, None]]
+) -> None:
+    """Runs `scenario` with a lane of `step_type` on a loop of its own, with a pool of four
+    threads; what the lane spawned is cancelled before the loop ends."""
+
+    async def main() -> None:
+        with ThreadPoolExecutor(4, thread_name_prefix=THREADS) as pool:
+            host = Host(step_type, pool)
+            try:
+                await asyncio.wait_for(scenario(host), SCENARIO_TIMEOUT)
+            finally:
+                for task in host.tasks:
+                    task.cancel()
+                await asyncio.gather(*host.tasks, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+# Setup
+
+
+class AsyncSetup(JobStep[Number]):
+    concurrency = 2
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    async def setup(self) -> None:
+        self.log.append("setup")
+        await asyncio.sleep(0.01)  # the other performs' turn to find it not done yet
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        self.log.append(f"perform {request.value}")
+        await asyncio.sleep(0)
+        return request.value
+
+
+class SyncSetup(AsyncSetup):
+    def setup(self) -> None:  # type: ignore[override]
+        time.sleep(0.01)
+        self.log.append("setup")
+
+
+@pytest.mark.parametrize("step_type", [AsyncSetup, SyncSetup])
+def test_setup__runs_once_for_many_steps_before_the_first_perform(
+    step_type: type[AsyncSetup],
+) -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(6))
+        await host.settled(6)
+
+        log = host.instance(step_type).log
+        assert log[0] == "setup" and log.count("setup") == 1
+        assert sorted(log[1:]) == sorted(f"perform {n}" for n in range(6))
+        assert host.results == {f"a-{n}": n for n in range(6)}
+
+    run(step_type, scenario)
+
+
+class FlakySetup(JobStep[Number]):
+    """Its first setup raises, the next succeeds."""
+
+    batch_wait = 0.01
+
+    def __init__(self) -> None:
+        self.setups = 0
+
+    async def setup(self) -> None:
+        self.setups += 1
+        if self.setups == 1:
+            raise ValueError("no model yet")
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        return request.value
+
+
+class FlakyBatchSetup(FlakySetup):
+    batch_size = 2
+
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:
+        return [request.value for request in requests]
+
+
+def test_setup__raising_fails_the_step_it_was_called_for_and_the_next_step_sets_up_again() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2)
+        await host.settled(2)
+
+        failure = host.errors["a-1"]
+        assert isinstance(failure, SetupError)
+        assert "FlakySetup.setup failed: ValueError: no model yet" in str(failure)
+        assert host.results == {"a-2": 2}
+        assert host.instance(FlakySetup).setups == 2
+
+    run(FlakySetup, scenario)
+
+
+def test_setup__raising_fails_exactly_the_batch_it_was_called_for() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2, 3)
+        await host.settled(3)
+
+        assert set(host.errors) == {"a-1", "a-2"}
+        assert all(isinstance(e, SetupError) for e in host.errors.values())
+        assert "FlakyBatchSetup.setup failed: ValueError: no model yet" in str(host.errors["a-1"])
+        assert host.results == {"a-3": 3}
+        assert host.instance(FlakyBatchSetup).setups == 2
+
+    run(FlakyBatchSetup, scenario)
+
+
+# Concurrency
+
+
+class Gated(JobStep[Number]):
+    """Performs wait for `release`; `most` is the most that ran at once."""
+
+    concurrency = 2
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.now = 0
+        self.most = 0
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await self.release.wait()
+        finally:
+            self.now -= 1
+        return request.value
+
+
+def test_concurrency__at_most_that_many_performs_run_at_once() -> None:
+    async def scenario(host: Host) -> None:
+        gated = host.instance(Gated)
+        host.add("a", *range(5))
+        await eventually(lambda: gated.now == 2, what="two performs running")
+        await asyncio.sleep(0.05)  # room for a third, were it let through
+
+        assert (gated.now, host.lane.busy, host.lane.waiting) == (2, 2, 3)
+        gated.release.set()
+        await host.settled(5)
+        assert gated.most == 2
+        assert host.results == {f"a-{n}": n for n in range(5)}
+
+    run(Gated, scenario)
+
+
+# Batches
+
+
+class Batches(JobStep[Number]):
+    """Records each batch: its requests' values and its context's job and steps' jobs."""
+
+    batch_size = 4
+    batch_wait = 0.05
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.jobs: list[tuple[str, set[str]]] = []
+
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:
+        self.batches.append([request.value for request in requests])
+        self.jobs.append((context.job_id, {step.job_id for step in context.steps}))
+        await asyncio.sleep(0)
+        return [request.value * 10 for request in requests]
+
+
+class SlowBatches(Batches):
+    batch_wait = 0.2
+
+
+def test_batches__ten_steps_at_once_make_batches_of_four_four_and_two() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(10))
+        await host.settled(10)
+
+        assert [len(batch) for batch in host.instance(Batches).batches] == [4, 4, 2]
+
+    run(Batches, scenario)
+
+
+def test_batches__requests_come_in_order_and_each_step_gets_its_own_result() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(10))
+        await host.settled(10)
+
+        assert host.instance(Batches).batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+        assert host.results == {f"a-{n}": n * 10 for n in range(10)}
+
+    run(Batches, scenario)
+
+
+def test_batches__a_batch_never_mixes_jobs() -> None:
+    async def scenario(host: Host) -> None:
+        for n in range(5):  # a's steps 0..4 and b's 100..102, one of each in turn
+            host.add("a", n)
+            if n < 3:
+                host.add("b", 100 + n)
+        await host.settled(8)
+
+        batches = host.instance(Batches)
+        for values, (job_id, step_jobs) in zip(batches.batches, batches.jobs, strict=True):
+            assert step_jobs == {job_id}
+            assert {"a" if value < 100 else "b" for value in values} == {job_id}
+        assert sorted(v for batch in batches.batches for v in batch) == [
+            0,
+            1,
+            2,
+            3,
+            4,
+            100,
+            101,
+            102,
+        ]
+        assert host.results == {
+            **{f"a-{n}": n * 10 for n in range(5)},
+            **{f"b-{n}": n * 10 for n in range(100, 103)},
+        }
+
+    run(Batches, scenario)
+
+
+def test_batch_wait__a_lone_step_waits_for_its_batch_to_fill_before_it_runs() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 7)
+        await asyncio.sleep(0.05)
+
+        assert host.instance(SlowBatches).batches == [] and host.finished == []
+        assert host.lane.waiting == 1
+        await eventually(lambda: bool(host.finished), within=2.0, what="the lone step's batch")
+        await host.settled(1)
+        assert host.instance(SlowBatches).batches == [[7]]
+        assert host.results == {"a-7": 70}
+
+    run(SlowBatches, scenario)
+
+
+class SlowerBatches(Batches):
+    batch_wait = 2.0
+
+
+def test_batch_wait__a_full_batch_of_one_job_runs_while_another_jobs_fills() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1)
+        host.add("b", 100, 101, 102, 103)
+        await eventually(lambda: len(host.finished) == 4, within=1.0, what="b's full batch")
+
+        assert host.instance(SlowerBatches).batches == [[100, 101, 102, 103]]
+        assert host.lane.waiting == 1  # a's lone step still waits for its batch to fill
+        await host.settled(5)
+
+    run(SlowerBatches, scenario)
+
+
+def test_cancel__another_jobs_full_batch_runs_at_once() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1)
+        host.add("b", 100)
+        await asyncio.sleep(0.02)
+        for n in range(101, 104):
+            host.add("b", n)  # b's batch is full, behind a's (a has waited longest)
+        host.lane.cancel("a")
+        await eventually(lambda: len(host.finished) == 5, within=1.0, what="b's batch")
+
+        assert host.instance(SlowerBatches).batches == [[100, 101, 102, 103]]
+
+    run(SlowerBatches, scenario)
+
+
+class RaisingBatch(Batches):
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:
+        raise ValueError("the batch went wrong")
+
+
+class ShortBatch(Batches):
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:
+        return [request.value for request in requests[:-1]]
+
+
+class NoListBatch(Batches):
+    async def perform_batch(  # type: ignore[override]
+        self, requests: list[Number], context: BatchContext
+    ) -> dict[int, int]:
+        return {request.value: request.value for request in requests}
+
+
+def test_perform_batch__raising_fails_every_step_of_the_batch_with_its_error() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(4))
+        await host.settled(4)
+
+        assert host.results == {}
+        (error,) = set(host.errors.values())
+        assert isinstance(error, ValueError) and str(error) == "the batch went wrong"
+        assert sorted(host.errors) == [f"a-{n}" for n in range(4)]
+
+    run(RaisingBatch, scenario)
+
+
+def test_perform_batch__the_wrong_number_of_results_fails_each_step_with_a_type_error() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(4))
+        await host.settled(4)
+
+        assert host.results == {} and len(host.errors) == 4
+        for error in host.errors.values():
+            assert isinstance(error, TypeError)
+            assert "returned 3 results for 4 requests" in str(error)
+
+    run(ShortBatch, scenario)
+
+
+def test_perform_batch__results_that_are_no_list_fail_each_step_naming_their_type() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(4))
+        await host.settled(4)
+
+        assert host.results == {} and len(host.errors) == 4
+        for error in host.errors.values():
+            assert isinstance(error, TypeError)
+            assert "perform_batch returned dict for 4 requests" in str(error)
+
+    run(NoListBatch, scenario)
+
+
+class SyncBatch(Batches):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[threading.Thread] = []
+
+    def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:  # type: ignore[override]
+        self.threads.append(threading.current_thread())
+        return [request.value for request in requests]
+
+
+def test_perform_batch__a_sync_one_runs_in_a_worker_thread() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(4))
+        await host.settled(4)
+
+        (thread,) = host.instance(SyncBatch).threads
+        assert thread is not threading.main_thread() and thread is not threading.current_thread()
+        assert thread.name.startswith(THREADS)
+        assert host.results == {f"a-{n}": n for n in range(4)}
+
+    run(SyncBatch, scenario)
+
+
+# Cancel
+
+
+class HeldBatches(JobStep[Number]):
+    """Batches of two that wait for `release`, each one's context kept."""
+
+    batch_size = 2
+    batch_wait = 0.01
+    concurrency = 2
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.contexts: list[BatchContext] = []
+
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:
+        self.contexts.append(context)
+        await self.release.wait()
+        return [request.value for request in requests]
+
+
+def test_cancel__the_jobs_waiting_steps_end_cancelled_at_once_and_other_jobs_stay() -> None:
+    async def scenario(host: Host) -> None:
+        held = host.instance(HeldBatches)
+        host.add("a", 1, 2)
+        host.add("b", 1, 2)
+        await eventually(lambda: len(held.contexts) == 2, what="both lanes' batches running")
+        host.add("a", 3, 4)
+        host.add("b", 3)
+
+        assert host.lane.cancel("a") == 2
+        assert [(job, step, result) for job, step, result, _ in host.finished] == [
+            ("a", "a-3", None),
+            ("a", "a-4", None),
+        ]
+        assert all(isinstance(e, asyncio.CancelledError) for e in host.errors.values())
+        assert list(host.lane.queued) == ["b"] and host.lane.waiting == 1
+
+        held.release.set()
+        await host.settled(7)
+        assert host.results == {"a-1": 1, "a-2": 2, "b-1": 1, "b-2": 2, "b-3": 3}
+
+    run(HeldBatches, scenario)
+
+
+def test_cancel__a_running_batch_of_the_job_is_told_and_others_are_not() -> None:
+    async def scenario(host: Host) -> None:
+        held = host.instance(HeldBatches)
+        host.add("a", 1, 2)
+        host.add("b", 1, 2)
+        await eventually(lambda: len(held.contexts) == 2, what="both lanes' batches running")
+
+        assert host.lane.cancel("a") == 0
+        cancelled = {context.job_id: context.is_cancelled for context in held.contexts}
+        assert cancelled == {"a": True, "b": False}
+        held.release.set()
+        await host.settled(4)
+
+    run(HeldBatches, scenario)
+
+
+# What a perform raises
+
+
+class InterruptedAtOnce(JobStep[Number]):
+    """Step 1 raises `KeyboardInterrupt` in its first slice; the others return their value."""
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        if request.value == 1:
+            raise KeyboardInterrupt("ctrl-c")
+        return request.value
+
+
+class InterruptedUnderItsTask(JobStep[Number]):
+    """Step 1 raises `KeyboardInterrupt` after an await: under its task."""
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        await asyncio.sleep(0)
+        if request.value == 1:
+            raise KeyboardInterrupt("ctrl-c")
+        return request.value
+
+
+class InterruptedInItsThread(JobStep[Number]):
+    """A sync perform: step 1 raises `KeyboardInterrupt` in the worker thread."""
+
+    def perform(self, request: Number, context: StepContext) -> int:
+        if request.value == 1:
+            raise KeyboardInterrupt("ctrl-c")
+        return request.value
+
+
+@pytest.mark.parametrize(
+    "step_type", [InterruptedAtOnce, InterruptedUnderItsTask, InterruptedInItsThread]
+)
+def test_perform__keyboard_interrupt_is_its_steps_error_and_the_loop_lives_on(
+    step_type: type[JobStep[Any]],
+) -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2)
+        await host.settled(2)
+        host.add("a", 3)
+        await host.settled(3)
+
+        error = host.errors["a-1"]
+        assert isinstance(error, KeyboardInterrupt) and str(error) == "ctrl-c"
+        assert host.results == {"a-2": 2, "a-3": 3}
+
+    run(step_type, scenario)
