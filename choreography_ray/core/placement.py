@@ -80,9 +80,10 @@ def _number(value: Any) -> bool:
 
 def uses_lane(step_type: type[JobStep[Any]]) -> bool:
     """Whether a host runs the type through one instance of it (`runtime.lanes.Lane`): a pool's
-    type, or one that sets itself up or performs batches."""
+    type, a limited one, or one that sets itself up or performs batches."""
+    limited = step_type.max_concurrent is not None or step_type.max_per_second is not None
     shaped = step_type.resources is not None
-    return shaped or is_batched(step_type) or _overrides(step_type, "setup")
+    return shaped or limited or is_batched(step_type) or _overrides(step_type, "setup")
 
 
 def is_batched(step_type: type[JobStep[Any]]) -> bool:

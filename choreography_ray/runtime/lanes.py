@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
+from choreography_ray.core.limits import Gate
 from choreography_ray.core.messages import StepStart, describe
 from choreography_ray.core.placement import is_batched
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
@@ -72,6 +73,8 @@ class Lane:
         #: The contexts of the batches running now (a stop cancels them).
         self.batches: set[BatchContext] = set()
         self.ready = False
+        #: The type's share of its cluster-wide limits on this host (`core.limits`), if any.
+        self.gate: Gate | None = None
         self._setting_up = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._pool = pool
@@ -96,7 +99,10 @@ class Lane:
             self._timer = None
         while self.busy < self.concurrency and (job_id := self._next_job()) is not None:
             queue = self.queued[job_id]
-            items = [queue.popleft() for _ in range(min(self.size, len(queue)))]
+            take = min(self.size, len(queue))
+            if self.gate is not None and not (take := self.gate.take(take)):
+                return  # the gate pumps again once the limiter grants more
+            items = [queue.popleft() for _ in range(take)]
             if queue:
                 self.queued.move_to_end(job_id)  # the next job's turn
             else:
@@ -105,6 +111,8 @@ class Lane:
             self.performing += len(items)
             kind = "batch" if self.batched else "step"
             self._spawn(self._run(items), f"{kind} {self._name} {job_id}", job_id)
+        if self.gate is not None and not self.queued:
+            self.gate.idle()
         if self.busy < self.concurrency and self.queued:
             due = min(queue[0].arrived for queue in self.queued.values()) + self._wait
             self._timer = asyncio.get_running_loop().call_later(due - time.monotonic(), self.pump)
@@ -136,6 +144,8 @@ class Lane:
         finally:
             self.busy -= 1
             self.performing -= len(items)
+            if self.gate is not None:
+                self.gate.done(len(items))
             self.pump()
 
     async def _set_up(self, items: list[Item]) -> bool:

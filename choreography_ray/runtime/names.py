@@ -29,6 +29,10 @@ def step_host_name(node_id: str, index: int) -> str:
 PENDING = "pending"
 
 
+def limiter_name(step_type_path: str) -> str:
+    return f"limit/{step_type_path}"
+
+
 def pool_prefix(shape: str = "") -> str:
     """The names of a pool's hosts start with it (of every pool's, without `shape`)."""
     return f"pool/{shape}/" if shape else "pool/"

@@ -57,6 +57,7 @@ from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.lanes import Lane
+from choreography_ray.runtime.limits import gate_for, limited
 from choreography_ray.runtime.metrics import metrics_for
 from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
@@ -361,6 +362,9 @@ class StepHostCore:
         lane = self.lanes.get(step_type)
         if lane is None:
             lane = self.lanes[step_type] = Lane(step_type, self._pool, self._finish, self.spawn)
+            if limited(step_type):
+                lane.gate = gate_for(step_type, self.namespace, self.incarnation, self.spawn)
+                lane.gate.wake = lane.pump
         return lane
 
     def _finish_task(
