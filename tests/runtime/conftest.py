@@ -52,10 +52,10 @@ def ray_cluster() -> Iterator[None]:
 
 
 #: The name prefixes of the actors that are a test's own: its scope's jobs managers (a fresh
-#: scope per test), schedulers and pool hosts (each test's pools start new, their steps' set-up
-#: unseen). The recovery actor and the step hosts of `RAY_NAMESPACE` are shared by every test,
+#: scope per test), schedulers, pool hosts and limiters (each test's pools and limits start
+#: new). The recovery actor and the step hosts of `RAY_NAMESPACE` are shared by every test,
 #: as in production, and stay.
-OWN_ACTORS = ("jobs-manager/", "scheduler/", "pool/")
+OWN_ACTORS = ("jobs-manager/", "scheduler/", "pool/", "limit/")
 
 
 def actor_is_gone(name: str) -> bool:

@@ -7,7 +7,9 @@ The tests end their pool hosts, so each test's hosts are new processes.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from typing import Any
 
 import ray
@@ -62,7 +64,52 @@ class FailingSetupEmbedStep(EmbedStep):
             raise OSError("the model file is not there yet")
 
 
-STEP_TYPES = {"embed": EmbedStep, "failing-setup": FailingSetupEmbedStep}
+class CalledStep(cr.JobStep[Doc]):
+    """Steps of an external API: at most 3 running over the cluster, though each of the two
+    pool hosts runs 4 at once. Each records when it ran."""
+
+    resources = {"num_gpus": 1}
+    concurrency = 4
+    max_concurrent = 3
+
+    async def perform(self, request: Doc, context: cr.StepContext) -> cr.StepResult:
+        began = time.time()
+        await asyncio.sleep(0.2)
+        trace(request.log, event="call", n=request.n, start=began, end=time.time(), pid=os.getpid())
+        return cr.StepResult.succeeded()
+
+
+class RatedStep(CalledStep):
+    """At most 10 starts a second over the cluster."""
+
+    max_concurrent = None
+    max_per_second = 10.0
+
+
+class ElasticStep(cr.JobStep[Doc]):
+    """Batches of 8 that take 0.4 s each, recording where they start and end: a node removed
+    mid-batch leaves starts without an end."""
+
+    resources = {"num_gpus": 1}
+    batch_size = 8
+
+    async def perform_batch(self, requests: list[Doc], context: cr.BatchContext) -> list[Any]:
+        context_ = ray.get_runtime_context()
+        where = {"node": context_.get_node_id(), "actor": context_.get_actor_name()}
+        ns = [r.n for r in requests]
+        trace(requests[0].log, event="start", ns=ns, at=time.time(), **where)
+        await asyncio.sleep(0.4)
+        trace(requests[0].log, event="end", ns=ns, at=time.time(), **where)
+        return [cr.StepResult.succeeded() for _ in requests]
+
+
+STEP_TYPES = {
+    "elastic": ElasticStep,
+    "embed": EmbedStep,
+    "failing-setup": FailingSetupEmbedStep,
+    "called": CalledStep,
+    "rated": RatedStep,
+}
 
 
 class EmbedRequest(BaseModel):

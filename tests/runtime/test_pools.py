@@ -74,3 +74,43 @@ def test_pool__a_stop_reaches_the_running_and_the_waiting_batches(connect, scope
     assert state.status is cr.JobStatus.STOPPED
     assert state.progress.stopped_steps == 40
     assert state.progress.successful_steps + state.progress.failed_steps == 0
+
+
+def test_max_concurrent__holds_over_the_hosts_of_the_cluster(connect, scope, tmp_path: Path):
+    manager = connect().manager(scope, "limits")
+    log = tmp_path / "calls.log"
+    started = manager.start(EmbedJob, EmbedRequest(count=24, log=str(log), step_type="called"))
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    calls = read_trace(log)
+    assert sorted(call["n"] for call in calls) == list(range(24))
+    assert len({call["pid"] for call in calls}) == 2  # both hosts ran steps (4 at once each)
+    assert max_overlap(calls) == 3
+
+
+def test_max_per_second__spreads_the_starts_over_the_cluster(connect, scope, tmp_path: Path):
+    manager = connect().manager(scope, "limits")
+    log = tmp_path / "calls.log"
+    started = manager.start(EmbedJob, EmbedRequest(count=30, log=str(log), step_type="rated"))
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    starts = sorted(call["start"] for call in read_trace(log))
+    assert len(starts) == 30
+    # A bucket of one second's starts (10), filled at 10 a second from empty: at most 20 in any
+    # second, and the 30 starts take at least 2 s.
+    assert max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts) <= 20
+    assert starts[-1] - starts[0] >= 1.9
+
+
+def max_overlap(calls: list[dict[str, float]]) -> int:
+    """The most calls running at the same moment (an end at a start's instant does not count)."""
+    events = sorted([(c["start"], 1) for c in calls] + [(c["end"], -1) for c in calls])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
