@@ -39,7 +39,7 @@ from choreography_ray.errors import (
 )
 from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job
-from choreography_ray.model import JobState, StepState
+from choreography_ray.model import JobState, PoolState, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.actors import LazyHandle
@@ -403,6 +403,13 @@ class Jobs:
         inner = self.async_manager(scope, namespace)
         inner.check(ray.get(inner._handle.get_sync().config.remote()))
         return JobsManager(inner)
+
+    def pools(self) -> builtins.list[PoolState]:
+        """The pools of step hosts in this connection's Ray namespace, by resource shape:
+        hosts, pending hosts, busy and queued steps (docs/pools.md)."""
+        from choreography_ray.runtime.pools import list_pools
+
+        return list_pools(self.namespace)
 
     def async_scheduler(self, scope: str) -> AsyncScheduler:
         """The async client of `scheduler/{scope}`. Like `async_manager`, it blocks nothing: its

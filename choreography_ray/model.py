@@ -211,3 +211,16 @@ class StepState(_Record):
 
 def step_key(job_id: str, step_id: str) -> str:
     return f"{job_id}/{step_id}"
+
+
+class PoolState(_Record):
+    """A pool of step hosts of one resource shape (`JobStep.resources`), as its hosts answer:
+    `hosts` answered, `pending` did not (waiting for resources Ray cannot place yet, or busy
+    past the time asked), `busy` steps are in a perform or batch, `queued` wait in the hosts."""
+
+    shape: str
+    hosts: int = 0
+    pending: int = 0
+    busy: int = 0
+    queued: int = 0
+    nodes: tuple[str, ...] = ()

@@ -14,7 +14,7 @@ from typing import Annotated, Protocol
 import typer
 
 from choreography_ray import __version__
-from choreography_ray.cli import bench, chaos, dashboard, demo, jobs, run, scheduler
+from choreography_ray.cli import bench, chaos, dashboard, demo, jobs, pools, run, scheduler
 from choreography_ray.cli._command import (
     DebugOption,
     LogJsonOption,
@@ -77,6 +77,7 @@ _COMMAND_GROUPS: tuple[CommandGroup, ...] = (
     demo,
     run,
     jobs,
+    pools,
     scheduler,
     dashboard,
     bench,

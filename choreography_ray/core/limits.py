@@ -109,6 +109,8 @@ class Gate:
         self._spawn = spawn
         self._asking = False
         self._reporting = False
+        self._changed = asyncio.Event()
+        self._lock = asyncio.Lock()
 
     @property
     def held(self) -> int:
@@ -140,13 +142,14 @@ class Gate:
     async def _asking_loop(self) -> None:
         try:
             while self.wanted > self.granted:
-                try:
-                    granted, wait = await self._ask(self.wanted - self.granted, self.held)
-                except Exception:  # the limiter is restarting: ask again in a moment
-                    granted, wait = 0, HEARTBEAT_SECONDS / 4
-                self.granted += granted
+                async with self._lock:  # no report reads `held` while a grant is on its way
+                    try:
+                        granted, wait = await self._ask(self.wanted - self.granted, self.held)
+                    except Exception:  # the limiter is restarting: ask again in a moment
+                        granted, wait = 0, HEARTBEAT_SECONDS / 4
+                    self.granted += granted
                 if granted:
-                    self._report_soon()  # the heartbeat that keeps the permits
+                    self._report_soon()  # the heartbeats that keep the permits
                     self.wake()
                 if self.wanted > self.granted:
                     await asyncio.sleep(max(wait, POLL_SECONDS))
@@ -154,21 +157,28 @@ class Gate:
             self._asking = False
 
     def _report_soon(self) -> None:
+        self._changed.set()
         if not self._reporting:
             self._reporting = True
             self._spawn(self._reporting_loop(), f"limit-report {self.name}")
 
     async def _reporting_loop(self) -> None:
-        """Reports what the host holds: a moment after a change, then every heartbeat while it
-        holds any, and once more when it holds none."""
+        """Reports what the host holds: a moment after a change (the changes of that moment in
+        one report), and every heartbeat while it holds any, until its report of none is
+        stored. A report that fails is made again at the next heartbeat."""
         try:
-            await asyncio.sleep(POLL_SECONDS)
             while True:
-                held = self.held
-                with contextlib.suppress(Exception):  # restarting: the next heartbeat tells it
-                    await self._report(held)
-                if held == 0 and self.held == 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), HEARTBEAT_SECONDS)
+                await asyncio.sleep(POLL_SECONDS)
+                self._changed.clear()
+                async with self._lock:
+                    held = self.held
+                    try:
+                        await self._report(held)
+                    except Exception:  # restarting: told again at the next heartbeat
+                        continue
+                if held == 0 and not self._changed.is_set():
                     return
-                await asyncio.sleep(HEARTBEAT_SECONDS if self.held == held else POLL_SECONDS)
         finally:
             self._reporting = False

@@ -97,14 +97,15 @@ class RayHosts:
         extra: dict[str, Any] = {}
         if node_id is not None:
             extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        idle_timeout = None
+        idle_timeout = shape = None
         if resources is not None:
             extra.update(actor_resources(resources))
             timeout = self._options.pool_idle_timeout
             idle_timeout = None if timeout is None else timeout.total_seconds()
+            shape = name.split("/")[1]
         return StepHost.options(  # type: ignore[attr-defined]
             **actor_options(name, self._namespace, **extra)
-        ).remote(*self._args, idle_timeout)
+        ).remote(*self._args, idle_timeout, shape)
 
     def place(
         self, job_id: str, starts: list[StepStart], placement: Placement

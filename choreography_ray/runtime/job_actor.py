@@ -25,11 +25,12 @@ from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.spares import SPARE_SECONDS
 from choreography_ray.errors import StartJobError
 from choreography_ray.logs import configure_actor, get_logger
-from choreography_ray.model import JobState
+from choreography_ray.model import JobState, PoolState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.hosts import RayHosts
 from choreography_ray.runtime.metrics import MetricsBatch, RelayedMetrics
 from choreography_ray.runtime.names import manager_name
+from choreography_ray.runtime.pools import list_pools
 from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage
 
@@ -151,6 +152,10 @@ class JobActor:
 
     async def state(self) -> JobState:
         return await self.core.ready()
+
+    async def pools(self) -> list[PoolState]:
+        """The pools this activation placed steps on, as their hosts answer now."""
+        return await asyncio.to_thread(list_pools, self.namespace, list(self.hosts.pools))
 
     async def ping(self) -> None:
         """Answers once the actor is up (a spare's manager waits for it)."""

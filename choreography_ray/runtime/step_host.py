@@ -59,6 +59,7 @@ from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.lanes import Lane
 from choreography_ray.runtime.limits import gate_for, limited
 from choreography_ray.runtime.metrics import metrics_for
+from choreography_ray.runtime.pools import record_pool_gauges
 from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
 from choreography_ray.scheduler.deciding import JobDecisions
@@ -696,19 +697,20 @@ class StepHost:
     """`step-host/{node_id}/{n}`, a pool's `pool/{shape}/{node_id}/{n}` (it leaves after
     `idle_timeout` s without a step), or a dedicated `step/{job_id}/{step_id}` actor."""
 
-    def __init__(self, namespace: str, capacity: int, idle_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        capacity: int,
+        idle_timeout: float | None = None,
+        shape: str | None = None,
+    ) -> None:
         configure_actor()
         tune_gc()
         self.core = StepHostCore(namespace, capacity)
-        self._idle_timeout = idle_timeout
-        self._idle_watch: asyncio.Task[None] | None = None
-
-    def _watch_idle(self) -> None:
-        """Starts the idle watch of a pool's host, on its first call (the loop runs then)."""
-        if self._idle_timeout is not None and self._idle_watch is None:
-            self._idle_watch = self.core.spawn(
-                self.core.leave_when_idle(self._idle_timeout, self._leave), "leave-when-idle"
-            )
+        if idle_timeout is not None:
+            self.core.spawn(self.core.leave_when_idle(idle_timeout, self._leave), "leave-when-idle")
+        if shape is not None:
+            self.core.spawn(record_pool_gauges(shape, self.core), "pool-gauges")
 
     @staticmethod
     async def _leave() -> None:
@@ -718,7 +720,6 @@ class StepHost:
 
     async def describe(self) -> dict[str, Any]:
         """What the host runs now (`StepHostCore.describe`)."""
-        self._watch_idle()
         return self.core.describe()
 
     async def start_steps(
@@ -732,7 +733,6 @@ class StepHost:
         """How many steps started, and this host's incarnation (what the job watches).
         `labels` (scope, namespace, job type) tag what the host records of the job; a job
         actor of an earlier release sends none."""
-        self._watch_idle()
         job_labels = UNKNOWN if labels is None else Labels(*labels)
         starts = starts_from_wire(steps)
         started = await self.core.start_steps(job_id, context, starts, job_labels, epoch)

@@ -3,6 +3,7 @@ declares 2 GPUs, so a `num_gpus=1` shape gets two hosts on its one node."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import ray
 
 import choreography_ray as cr
 from tests.runtime.pool_jobs import EmbedJob, EmbedRequest
-from tests.support import eventually, read_trace
+from tests.runtime.test_cli_jobs import cli
+from tests.support import RAY_NAMESPACE, eventually, read_trace
 
 SHAPE = "num_gpus=1"
 
@@ -61,12 +63,24 @@ def test_pool__a_failed_setup_fails_its_batch_and_is_tried_again(connect, scope,
     assert message.startswith("SetupError: FailingSetupEmbedStep.setup failed: OSError: the model")
 
 
-def test_pool__a_stop_reaches_the_running_and_the_waiting_batches(connect, scope, tmp_path):
-    manager = connect().manager(scope, "pools")
+def test_pool__shown_busy_and_queued_then_a_stop_reaches_every_batch(
+    connect, scope, storage_url, tmp_path
+):
+    jobs = connect()
+    manager = jobs.manager(scope, "pools")
     log = tmp_path / "batches.log"
     started = manager.start(EmbedJob, EmbedRequest(count=40, log=str(log), wait_for_stop=True))
-    # One batch runs on each host (concurrency 1); the other steps wait in the hosts' lanes.
+    # One batch of 8 runs on each host (concurrency 1); the other steps wait in the hosts.
     eventually(lambda: len(read_trace(log)) >= 2, timeout=60, what="a batch on each host")
+    node = ray.get_runtime_context().get_node_id()
+    shown = cr.PoolState(shape=SHAPE, hosts=2, busy=16, queued=24, nodes=(node,))
+    assert jobs.pools() == [shown]
+    address = ["--address", str(ray.get_runtime_context().gcs_address)]
+    listed = cli("pools", *address, "--ray-namespace", RAY_NAMESPACE, "--json")
+    assert [cr.PoolState(**pool) for pool in json.loads(listed.stdout)] == [shown], listed.stderr
+    show = ["jobs", "show", started.job_id, "--storage", storage_url, *address]
+    table = cli(*show, "--ray-namespace", RAY_NAMESPACE).stdout
+    assert "Pools" in table and SHAPE in table and " 16 " in table and " 24 " in table, table
 
     manager.stop(started.job_id)
     state = manager.wait(started.job_id, timeout=60)

@@ -9,6 +9,7 @@ actor to ask. `memory://` lives inside a cluster's storage actor, so they refuse
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
@@ -42,8 +43,10 @@ from choreography_ray.cli._render import (
     summary,
     when,
 )
+from choreography_ray.core.stopping import settled
 from choreography_ray.failures import FailureCluster
 from choreography_ray.model import JobState, StepState
+from choreography_ray.runtime.names import DEFAULT_NAMESPACE
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.storage import Storage
 
@@ -220,9 +223,20 @@ def show(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the job state as JSON (as `run` does).")
     ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="The Ray cluster the job runs in: also show the pools its steps run on.",
+            show_default="$RAY_ADDRESS, else the pools are not shown",
+        ),
+    ] = None,
+    ray_namespace: Annotated[
+        str, typer.Option(help="The Ray namespace of the job system's actors.")
+    ] = DEFAULT_NAMESPACE,
 ) -> None:
     """Show a job: its status, counts per stage, status history, error, first failed steps and
-    most frequent failure signatures."""
+    most frequent failure signatures; with a cluster address, the pools its steps run on."""
     store = open_stored(storage, "jobs show")
 
     async def read() -> tuple[JobState | None, list[StepState], list[FailureCluster]]:
@@ -246,6 +260,14 @@ def show(
     console.print(outcome(state))
     console.print()
     console.print(history_table(state))
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and not settled(state):
+        from choreography_ray.cli.pools import job_pools, pools_table
+
+        found = job_pools(state.id, address, ray_namespace)
+        if found:
+            console.print()
+            console.print(pools_table(found))
     if failed:
         failed_total = state.progress.failed_steps + state.progress.unreachable_steps
         console.print()

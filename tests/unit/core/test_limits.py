@@ -28,8 +28,7 @@ pytestmark = pytest.mark.timeout(10)
 SCENARIO_TIMEOUT = 5.0
 #: Seconds within which a change a gate reports "in a moment" reaches the limiter.
 MOMENT = 0.5
-#: A heartbeat short enough for a test to wait out (a change made while the reporter waits
-#: out a heartbeat reaches the limiter only after it: see the xfail cases below).
+#: A heartbeat short enough for a test to wait out.
 SHORT_HEARTBEAT = 0.1
 
 CONCURRENT_3 = Limits(3, None)
@@ -392,19 +391,7 @@ def test_gate__two_hosts_never_run_more_than_max_concurrent_together(
 
 @pytest.mark.parametrize(
     "after_a_heartbeat",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="limits.py: Gate._report_soon does nothing while the reporting loop "
-                "runs, so a change made while it waits out a heartbeat (2 s) reaches the "
-                "limiter only at the next heartbeat",
-            ),
-        ),
-    ],
+    [False, True],
     ids=["right-after-the-grant", "after-a-heartbeat"],
 )
 def test_gate__done_reaches_the_limiter_in_a_moment_and_the_other_host_gets_the_permit(
@@ -433,19 +420,7 @@ def test_gate__done_reaches_the_limiter_in_a_moment_and_the_other_host_gets_the_
 
 @pytest.mark.parametrize(
     "after_a_heartbeat",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="limits.py: Gate._report_soon does nothing while the reporting loop "
-                "runs, so permits given back while it waits out a heartbeat (2 s) reach the "
-                "limiter only at the next heartbeat",
-            ),
-        ),
-    ],
+    [False, True],
     ids=["right-after-the-grant", "after-a-heartbeat"],
 )
 def test_gate__idle_gives_back_the_permits_granted_and_not_used(after_a_heartbeat: bool) -> None:
