@@ -36,6 +36,8 @@ SCRIPT_SECONDS = 200
 RUN_AS_FILE = {
     # tests/acceptance/test_ray_app_example.py runs it (`python docs/examples/ray_app.py`).
     "ray_apps_1.py": ROOT / "docs" / "examples" / "ray_app.py",
+    # tests/acceptance/test_embed_example.py runs it (`python docs/examples/embed.py`).
+    "pools_1.py": ROOT / "docs" / "examples" / "embed.py",
 }
 
 #: One xdist worker runs the whole module: its scripts run from a pool the module starts.

@@ -209,7 +209,9 @@ class Limiter:
 class Host:
     """A host's gate over a limiter, calling it directly: the asks and reports it made, how
     many times it was woken (and `on_wake` then), and the tasks it spawned. `failing` asks
-    raise, as while the limiter restarts, and so do `failing_reports` reports."""
+    raise, as while the limiter restarts, and so do `failing_reports` reports. While
+    `replies` is an Event not set, the reply to an ask the limiter answered waits for it (on
+    its way back)."""
 
     def __init__(self, limiter: Limiter, holder: str) -> None:
         self.limiter = limiter
@@ -218,6 +220,7 @@ class Host:
         self.reports: list[int] = []
         self.failing = 0
         self.failing_reports = 0
+        self.replies: asyncio.Event | None = None
         self.wakes = 0
         self.on_wake: Callable[[], None] = lambda: None
         self.tasks: list[asyncio.Task[None]] = []
@@ -229,7 +232,10 @@ class Host:
             self.failing -= 1
             raise ConnectionError("the limiter is restarting")
         core, limits = self.limiter.core, self.limiter.limits
-        return core.take(self.holder, want, held, limits, time.monotonic())
+        answer = core.take(self.holder, want, held, limits, time.monotonic())
+        if self.replies is not None:
+            await self.replies.wait()
+        return answer
 
     async def report(self, held: int) -> None:
         self.reports.append(held)
@@ -481,6 +487,82 @@ def test_gate__a_report_that_raises_is_made_at_the_next_heartbeat(
         host.gate.done(2)
         await eventually(lambda: limiter.held("a") == 0, within=MOMENT, what="done reported")
         await eventually(lambda: not host.pending, within=MOMENT, what="the tasks ended")
+
+    run(scenario, host)
+
+
+def test_gate__a_report_waits_for_the_grant_on_its_way_so_no_other_host_gets_its_permits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A's heartbeat comes due while the limiter has granted A a permit and the reply is on its
+    way: a report of what A held before the grant would let the limiter give it to B."""
+    monkeypatch.setattr(limits, "HEARTBEAT_SECONDS", SHORT_HEARTBEAT)
+    limiter = Limiter(Limits(2, None))
+    a, b = Host(limiter, "a"), Host(limiter, "b")
+    most = {"running": 0, "held": 0}
+
+    async def watch() -> None:
+        while True:
+            most["running"] = max(most["running"], a.gate.running + b.gate.running)
+            most["held"] = max(most["held"], a.gate.held + b.gate.held)
+            await asyncio.sleep(0.002)
+
+    async def scenario() -> None:
+        watching = asyncio.create_task(watch())
+        a.on_wake = lambda: take(a.gate, 1)
+        b.on_wake = lambda: take(b.gate, 1)
+        assert a.gate.take(1) == 0
+        await eventually(lambda: a.gate.running == 1, within=MOMENT, what="a runs 1")
+        await eventually(lambda: a.reports, within=MOMENT, what="a's first report")
+
+        a.replies = asyncio.Event()
+        assert a.gate.take(1) == 0
+        await eventually(lambda: limiter.held("a") == 2, within=MOMENT, what="a granted 1 more")
+        await asyncio.sleep(2 * SHORT_HEARTBEAT)  # a's heartbeat comes due
+        assert b.gate.take(1) == 0
+        await eventually(lambda: b.asks, within=MOMENT, what="b asks")
+        await asyncio.sleep(2 * POLL_SECONDS)
+        b_woken_before_the_reply = b.wakes
+
+        a.replies.set()
+        await eventually(lambda: a.gate.running == 2, within=MOMENT, what="a runs 2")
+        a.gate.done(2)
+        await eventually(lambda: b.gate.running == 1, within=MOMENT, what="b runs a's permit")
+        watching.cancel()
+
+        assert most == {"running": 2, "held": 2}
+        assert b_woken_before_the_reply == 0
+        assert (held(limiter.core, "a"), held(limiter.core, "b")) == (0, 1)
+
+    run(scenario, a, b)
+
+
+def test_gate__a_report_of_none_that_raises_is_made_again_at_the_next_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(limits, "HEARTBEAT_SECONDS", SHORT_HEARTBEAT)
+    limiter = Limiter(CONCURRENT_3)
+    host = Host(limiter, "a")
+
+    async def scenario() -> None:
+        host.on_wake = lambda: take(host.gate, 2)
+        assert host.gate.take(2) == 0
+        await eventually(lambda: host.reports, within=MOMENT, what="a report")
+        assert limiter.held("a") == 2
+
+        host.failing_reports = 1  # the next report, of none, raises
+        host.gate.done(2)
+        await eventually(lambda: not host.failing_reports, within=MOMENT, what="the report")
+        assert host.reports[-1] == 0 and limiter.held("a") == 2
+
+        await eventually(
+            lambda: "a" not in limiter.core.holders,
+            within=4 * SHORT_HEARTBEAT,
+            what="the report of none made again",
+        )
+        assert host.reports[-2:] == [0, 0] and limiter.held() == 0
+        await eventually(lambda: not host.pending, within=MOMENT, what="the tasks ended")
+        assert all(task.exception() is None for task in host.tasks)
 
     run(scenario, host)
 
