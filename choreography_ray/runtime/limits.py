@@ -4,6 +4,7 @@ gate a step host asks it through. A sync actor: one call at a time, each a few d
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import ray
@@ -19,7 +20,9 @@ from choreography_ray.types import type_path
 class Limiter:
     def __init__(self) -> None:
         configure_actor()
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        with warnings.catch_warnings():  # Ray 2.60 reads its own deprecated `actor_id` here
+            warnings.simplefilter("ignore")
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.core = LimitCore(time.monotonic(), restarted)
 
     def take(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import ray
 from pydantic import BaseModel
@@ -70,7 +70,7 @@ class CalledStep(cr.JobStep[Doc]):
 
     resources = {"num_gpus": 1}
     concurrency = 4
-    max_concurrent = 3
+    max_concurrent: ClassVar[int | None] = 3
 
     async def perform(self, request: Doc, context: cr.StepContext) -> cr.StepResult:
         began = time.time()

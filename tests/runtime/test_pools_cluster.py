@@ -16,6 +16,7 @@ import pytest
 
 import choreography_ray as cr
 from tests.runtime.test_recovery_cluster import run_scenario
+from tests.support import read_trace
 
 ELASTIC = """
 import json, signal, sys, threading, time
@@ -131,7 +132,7 @@ def test_elastic_pool__waits_for_gpus_grows_onto_joining_nodes_and_survives_a_re
     progress = result["progress"]
     assert progress["successful_steps"] == progress["total_steps"] == result["steps"]
     assert progress["failed_steps"] == progress["stopped_steps"] == 0
-    events = [e for e in read_events(log)]
+    events = read_trace(log)
     first, second = result["first"], result["second"]
     ended = Counter(n for e in events if e["event"] == "end" for n in e["ns"])
     assert set(ended) == set(range(result["steps"]))
@@ -158,9 +159,3 @@ def test_elastic_pool__waits_for_gpus_grows_onto_joining_nodes_and_survives_a_re
         )
     # Only the hosts of the node that stayed are left.
     assert all(node == second for _, node in result["pools"].values())
-
-
-def read_events(log: Path) -> list[dict]:
-    from tests.support import read_trace
-
-    return read_trace(log)
