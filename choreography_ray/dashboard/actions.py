@@ -27,8 +27,14 @@ from choreography_ray.errors import (
     JobsManagerUnavailableError,
     SchedulerOperationError,
 )
+from choreography_ray.model import PoolState
 from choreography_ray.options import JobsOptions
-from choreography_ray.runtime.names import DEFAULT_NAMESPACE, manager_name, scheduler_name
+from choreography_ray.runtime.names import (
+    DEFAULT_NAMESPACE,
+    job_name,
+    manager_name,
+    scheduler_name,
+)
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler_client import AsyncScheduler
 from choreography_ray.storage import redact_url
@@ -54,6 +60,10 @@ class DeadLetterOperation(enum.StrEnum):
     REQUEUE = "requeue"
     #: `scheduler.acknowledge(dead_letter_id, note)`.
     ACKNOWLEDGE = "acknowledge"
+
+
+#: Seconds a job actor has to say which pools its steps run on, before the page shows none.
+POOLS_SECONDS = 3.0
 
 
 class ActionRefused(Exception):
@@ -94,6 +104,10 @@ class Actions(Protocol):
 
     async def scheduler_options(self, scope: str) -> SchedulerOptions | None:
         """The options of the scope's running scheduler, or None when none runs."""
+
+    async def job_pools(self, job_id: str) -> list[PoolState]:
+        """The pools a running job's steps run on (docs/pools.md); none when its actor is gone
+        or does not answer within `POOLS_SECONDS`."""
 
     async def close(self) -> None: ...
 
@@ -198,6 +212,18 @@ class RayActions:
         except (ActionRefused, ChoreographyError):
             return None
         return JobsOptions.model_validate_json(config["options"]).scheduler
+
+    async def job_pools(self, job_id: str) -> list[PoolState]:
+        import ray
+
+        actor = await self._actor(job_name(job_id))
+        if actor is None:
+            return []
+        try:
+            pools: list[PoolState] = await asyncio.wait_for(actor.pools.remote(), POOLS_SECONDS)
+        except (TimeoutError, ray.exceptions.RayError):
+            return []
+        return pools
 
     # finding the actors
     def _forget_scheduler(self, scope: str, error: ChoreographyError) -> None:

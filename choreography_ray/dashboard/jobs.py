@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from choreography_ray.core.stopping import settled
 from choreography_ray.dashboard.actions import ActionRefused, JobOperation
 from choreography_ray.dashboard.site import Site, site_of
 from choreography_ray.model import JobState, utcnow
@@ -252,8 +253,10 @@ async def job_page(request: Request) -> Response:
     if signature is not None:
         failed_total = sum(c.count for c in clusters if c.signature == signature)
     request_json = json.dumps(state.request, indent=2, ensure_ascii=False)
+    pools = [] if site.actions is None or settled(state) else await site.actions.job_pools(state.id)
     context = {
         "job": state,
+        "pools": pools,
         "pace": site.rates.pace(state),
         "live_every": LIVE_EVERY_MS,
         "clusters": clusters[:CLUSTERS_SHOWN],

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from choreography_ray.dashboard import ActionRefused, JobOperation
+from choreography_ray.model import PoolState
 from choreography_ray.scheduler.options import SchedulerOptions
 
 TOKEN = "test-token-0123456789"
@@ -23,6 +24,7 @@ class RecordingActions:
         self.calls: list[tuple[Any, ...]] = []
         self.refuse: dict[str, ActionRefused] = {}
         self.closed = False
+        self.pools: list[PoolState] = []
 
     def _answer(self, name: str, *args: Any) -> None:
         self.calls.append((name, *args))
@@ -55,6 +57,10 @@ class RecordingActions:
 
     async def scheduler_options(self, scope: str) -> SchedulerOptions | None:
         return None
+
+    async def job_pools(self, job_id: str) -> list[PoolState]:
+        """`pools` for every job (none by default)."""
+        return list(self.pools)
 
     async def close(self) -> None:
         self.closed = True

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+import choreography_ray as cr
 from choreography_ray.dashboard import ActionRefused
 from tests.dashboard.client import TOKEN, Client, RecordingActions, csrf_of
 from tests.dashboard.seed import DEAD_LETTER, RUNNING_JOB, SCOPE
@@ -199,3 +200,22 @@ def test_cookies__http_only_and_same_site_strict(operator: Client) -> None:
 def test_hosts__a_request_naming_another_host_is_refused(reader: Client) -> None:
     assert reader.get("/", headers={"host": "rebound.example"}).status_code == 400
     assert reader.get("/", headers={"host": "localhost:8266"}).status_code == 200
+
+
+def test_job_page__a_running_job_shows_its_pools_and_a_done_one_asks_for_none(
+    operator: Client, actions: RecordingActions
+) -> None:
+    nodes = ("a1b2c3d4e5f6", "f6e5d4c3b2a1")
+    actions.pools = [
+        cr.PoolState(shape="num_gpus=1", hosts=4, pending=1, busy=256, queued=3840, nodes=nodes)
+    ]
+
+    page = operator.get(f"/jobs/{RUNNING_JOB}").text
+    done = operator.get("/jobs/job-done").text
+
+    assert '<h2 id="pools">Pools</h2>' in page
+    row = re.search(r"<tr><td><code>num_gpus=1</code></td>(.*?)</tr>", page)
+    assert row is not None
+    assert re.findall(r'<td class="num">([^<]*)</td>', row.group(1)) == ["4", "1", "256", "3,840"]
+    assert "<code>a1b2c3d4</code>" in row.group(1)
+    assert 'id="pools"' not in done

@@ -3,6 +3,7 @@ declares 2 GPUs, so a `num_gpus=1` shape gets two hosts on its one node."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import ray
 
 import choreography_ray as cr
+from choreography_ray.dashboard.actions import RayActions
 from tests.runtime.pool_jobs import EmbedJob, EmbedRequest
 from tests.runtime.test_cli_jobs import cli
 from tests.support import RAY_NAMESPACE, eventually, read_trace
@@ -75,6 +77,9 @@ def test_pool__shown_busy_and_queued_then_a_stop_reaches_every_batch(
     node = ray.get_runtime_context().get_node_id()
     shown = cr.PoolState(shape=SHAPE, hosts=2, busy=16, queued=24, nodes=(node,))
     assert jobs.pools() == [shown]
+    # The dashboard's job page asks the job's actor (its own process is in the cluster here).
+    actions = RayActions(storage_url, ray_namespace=RAY_NAMESPACE)
+    assert asyncio.run(actions.job_pools(started.job_id)) == [shown]
     address = ["--address", str(ray.get_runtime_context().gcs_address)]
     listed = cli("pools", *address, "--ray-namespace", RAY_NAMESPACE, "--json")
     assert [cr.PoolState(**pool) for pool in json.loads(listed.stdout)] == [shown], listed.stderr
