@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class Pool:
     resources: tuple[tuple[str, float], ...]
     hosts: list[str] = field(default_factory=list)
     turn: int = 0
+    #: When this activation last placed steps on it (monotonic seconds).
+    placed: float = field(default_factory=time.monotonic)
 
 
 class RayHosts:
@@ -65,6 +68,12 @@ class RayHosts:
 
     def _build(self, nodes: dict[str, dict[str, float]]) -> None:
         self._nodes = nodes
+        idle = self._options.pool_idle_timeout
+        if idle is not None:
+            # A pool this activation has not used for that long is not built again: its hosts
+            # leave when idle, and the next step of its shape builds it anew.
+            since = time.monotonic() - idle.total_seconds()
+            self.pools = {shape: p for shape, p in self.pools.items() if p.placed >= since}
         built: dict[str, Any] = {}
         for node_id, resources in nodes.items():
             for index in range(self._options.step_hosts_per_node or hosts_fit((), resources)):
@@ -141,6 +150,7 @@ class RayHosts:
             # The activation's first step of the shape: its hosts on every node they fit.
             pool = self.pools[placement.shape] = Pool(placement.resources)
             self._build(self._nodes or alive_node_resources())
+        pool.placed = time.monotonic()
         hosts = len(pool.hosts)
         share = -(-len(starts) // hosts)
         placed = []
@@ -154,10 +164,24 @@ class RayHosts:
     ) -> str:
         wire = starts_to_wire(batch)
         handle = self.handles[host]
-        _started, incarnation = await handle.start_steps.remote(
-            job_id, self.context, wire, tuple(labels), epoch
-        )
+        try:
+            _started, incarnation = await handle.start_steps.remote(
+                job_id, self.context, wire, tuple(labels), epoch
+            )
+        except ray.exceptions.ActorDiedError:
+            self._forget_pool_host(host)
+            raise
         return str(incarnation)
+
+    def _forget_pool_host(self, host: str) -> None:
+        """A pool's host that is gone (it left when idle, or its node did) gets no more steps
+        until a refresh finds it again; a pool left without hosts is built anew."""
+        for shape, pool in list(self.pools.items()):
+            if host in pool.hosts:
+                pool.hosts.remove(host)
+                self.handles.pop(host, None)
+                if not pool.hosts:
+                    del self.pools[shape]
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         handles = [self.handles[h] for h in hosts if h in self.handles]

@@ -85,7 +85,8 @@ class Lane:
     def add(self, job_id: str, start: StepStart, request: BaseModel, context: StepContext) -> None:
         queue = self.queued.setdefault(job_id, deque())
         queue.append(Item(job_id, start, request, context, time.monotonic()))
-        self.pump()
+        if self.busy < self.concurrency:
+            self.pump()
 
     @property
     def waiting(self) -> int:
@@ -94,9 +95,6 @@ class Lane:
     def pump(self) -> None:
         """Starts performs (or batches) while fewer than `concurrency` run, jobs in turn. A
         job's batch that is not full waits until its oldest step has waited `batch_wait`."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         while self.busy < self.concurrency and (job_id := self._next_job()) is not None:
             queue = self.queued[job_id]
             take = min(self.size, len(queue))
@@ -113,9 +111,14 @@ class Lane:
             self._spawn(self._run(items), f"{kind} {self._name} {job_id}", job_id)
         if self.gate is not None and not self.queued:
             self.gate.idle()
-        if self.busy < self.concurrency and self.queued:
+        if self.busy < self.concurrency and self.queued and self._timer is None:
+            # Armed once: later steps only make the oldest batch's wait end later.
             due = min(queue[0].arrived for queue in self.queued.values()) + self._wait
-            self._timer = asyncio.get_running_loop().call_later(due - time.monotonic(), self.pump)
+            self._timer = asyncio.get_running_loop().call_later(due - time.monotonic(), self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        self.pump()
 
     def _next_job(self) -> str | None:
         """The first job, in turn, with a full batch or one that waited long enough."""

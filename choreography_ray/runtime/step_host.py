@@ -20,6 +20,10 @@ Whatever a perform raises is its step's outcome, never its batch's or the host's
 conditional bulk write (`Storage.renew_leases`), until its outcome is known. Background tasks are
 named and watched: a failed one is logged with its name and job. A job's entries here are
 dropped once it has no running step and no task (start, persist, delivery) in flight.
+
+A type of a pool, or one that sets itself up, performs batches or is limited, runs through a
+lane (`runtime/lanes.py`): one instance of it per host, its steps queued there until their turn.
+A pool's host (`pool/{shape}/{node}/{n}`) leaves once idle for `pool_idle_timeout`.
 """
 
 from __future__ import annotations
@@ -588,8 +592,11 @@ class StepHostCore:
             elif time.monotonic() - idle_since >= idle_seconds:
                 self.leaving = True
                 log.info("pool host idle for %g s: leaving", idle_seconds)
-                await leave()
-                return
+                try:
+                    await leave()
+                except Exception as error:  # it stays, and takes steps again
+                    log.warning("a pool host could not leave (it stays): %s", error)
+                    self.leaving, idle_since = False, None
 
     def describe(self) -> dict[str, Any]:
         """Steps here: `running` (held here), and per lane's type its steps `busy` (in a

@@ -112,19 +112,34 @@ STEP_TYPES = {
 }
 
 
+class PauseStep(cr.JobStep[Doc]):
+    """A step of the shared hosts that takes 3 s: the pool's hosts are idle meanwhile."""
+
+    async def perform(self, request: Doc, context: cr.StepContext) -> cr.StepResult:
+        await asyncio.sleep(3.0)
+        return cr.StepResult.succeeded()
+
+
 class EmbedRequest(BaseModel):
     count: int
     log: str
     step_type: str = "embed"
     wait_for_stop: bool = False
+    #: Stage 0 and stage 2 embed `count` documents each, with a 3 s pause between them.
+    paused: bool = False
 
 
 class EmbedJob(cr.Job[EmbedRequest]):
     def prepare_steps(self, request: EmbedRequest) -> list[cr.StepSpec]:
-        step_type = STEP_TYPES[request.step_type]
-        return [
+        step_type, wait = STEP_TYPES[request.step_type], request.wait_for_stop
+        stages = (0, 2) if request.paused else (0,)
+        steps = [
             self.create_step(
-                step_type, Doc(n=n, log=request.log, wait_for_stop=request.wait_for_stop)
+                step_type, Doc(n=stage * 1000 + n, log=request.log, wait_for_stop=wait), stage
             )
+            for stage in stages
             for n in range(request.count)
         ]
+        if request.paused:
+            steps.append(self.create_step(PauseStep, Doc(n=-1, log=request.log), stage=1))
+        return steps

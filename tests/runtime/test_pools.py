@@ -133,3 +133,26 @@ def max_overlap(calls: list[dict[str, float]]) -> int:
         running += delta
         peak = max(peak, running)
     return peak
+
+
+def test_pool__idle_hosts_leave_and_the_next_stage_brings_new_ones(connect, scope, tmp_path):
+    manager = connect(pool_idle_timeout=1.0).manager(scope, "pools")
+    log = tmp_path / "batches.log"
+    request = EmbedRequest(count=16, log=str(log), paused=True)
+    started = manager.start(EmbedJob, request)
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
+    assert state.progress.successful_steps == 33
+    batches = [event for event in read_trace(log) if event["event"] == "batch"]
+    first = {b["pid"] for b in batches if b["ns"][0] < 1000}
+    last = {b["pid"] for b in batches if b["ns"][0] >= 2000}
+    # The hosts of stage 0 left during the 3 s pause; stage 2 ran on new ones.
+    assert first and last and not first & last
+    eventually(lambda: not pool_actors(), timeout=30, what="the pool's hosts leaving")
+
+
+def pool_actors() -> list[str]:
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return [actor["name"] for actor in named if actor["name"].startswith("pool/")]
