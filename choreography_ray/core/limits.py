@@ -168,8 +168,11 @@ class Gate:
         stored. A report that fails is made again at the next heartbeat."""
         try:
             while True:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that comes as the event is set, and the loop would go on.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), HEARTBEAT_SECONDS)
+                    async with asyncio.timeout(HEARTBEAT_SECONDS):
+                        await self._changed.wait()
                 await asyncio.sleep(POLL_SECONDS)
                 self._changed.clear()
                 async with self._lock:

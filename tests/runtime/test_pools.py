@@ -8,6 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 import ray
 
 import choreography_ray as cr
@@ -43,6 +44,7 @@ def test_pool__batches_on_gpu_shaped_hosts_each_set_up_once(connect, scope, tmp_
     assert all(batch["setups"] == 1 for batch in batches)
 
 
+@pytest.mark.slow  # a pool's two hosts and 64 steps: about 8 s
 def test_pool__a_failed_setup_fails_its_batch_and_is_tried_again(connect, scope, tmp_path: Path):
     manager = connect().manager(scope, "pools")
     log = tmp_path / "batches.log"
@@ -95,6 +97,7 @@ def test_pool__shown_busy_and_queued_then_a_stop_reaches_every_batch(
     assert state.progress.successful_steps + state.progress.failed_steps == 0
 
 
+@pytest.mark.slow  # 24 steps of 0.2 s, 3 at a time: about 12 s
 def test_max_concurrent__holds_over_the_hosts_of_the_cluster(connect, scope, tmp_path: Path):
     manager = connect().manager(scope, "limits")
     log = tmp_path / "calls.log"
@@ -109,6 +112,7 @@ def test_max_concurrent__holds_over_the_hosts_of_the_cluster(connect, scope, tmp
     assert max_overlap(calls) == 3
 
 
+@pytest.mark.slow  # 30 starts at 10 a second: about 12 s
 def test_max_per_second__spreads_the_starts_over_the_cluster(connect, scope, tmp_path: Path):
     manager = connect().manager(scope, "limits")
     log = tmp_path / "calls.log"
@@ -135,6 +139,7 @@ def max_overlap(calls: list[dict[str, float]]) -> int:
     return peak
 
 
+@pytest.mark.slow  # a 3 s pause and new hosts: about 15 s
 def test_pool__idle_hosts_leave_and_the_next_stage_brings_new_ones(connect, scope, tmp_path):
     manager = connect(pool_idle_timeout=1.0).manager(scope, "pools")
     log = tmp_path / "batches.log"
