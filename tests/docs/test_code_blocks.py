@@ -7,9 +7,10 @@ empty directory, so `sqlite:///jobs.db` is a fresh file there; the checkout is o
 as it is for a user working in a source checkout.
 
 A block that shows a file as it is (`RUN_AS_FILE`) is run as that file by a test of its own.
-The scripts of the other selected blocks run `AT_ONCE` at a time, started by a module fixture
-as the first test asks for them (each script's Ray start is mostly waiting for its processes
-to come up); each test then waits for its own script and checks its exit."""
+The scripts of the other blocks are in the slow tier; those selected run `AT_ONCE` at a time,
+started by a module fixture as the first test asks for them (each script's Ray start is mostly
+waiting for its processes to come up); each test then waits for its own script and checks its
+exit."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,8 +92,18 @@ def test_the_pages_have_python_blocks() -> None:
     assert len(blocks()) >= 5
 
 
+def cases() -> list[Any]:
+    """Each block: a script in the slow tier (each starts a Ray of its own: 10-30 s, two at a
+    time, about 2.5 minutes of the default tier's 10 in all), or in the default tier the check
+    that a `RUN_AS_FILE` block is its file."""
+    return [
+        pytest.param(name, code, id=name, marks=() if name in RUN_AS_FILE else pytest.mark.slow)
+        for name, code in blocks()
+    ]
+
+
 @pytest.mark.timeout(2 * SCRIPT_SECONDS + 40)
-@pytest.mark.parametrize(("name", "code"), blocks(), ids=[name for name, _ in blocks()])
+@pytest.mark.parametrize(("name", "code"), cases())
 def test_block_runs_as_a_script(
     name: str, code: str, scripts: dict[str, Future[subprocess.CompletedProcess[str]]]
 ) -> None:

@@ -48,6 +48,16 @@ class Worker(cr.JobStep[Work]):
         return cr.StepResult.succeeded()
 
 
+class PooledWorker(Worker):
+    """A step of a pool that reserves nothing (one host per CPU): the pool's gauges."""
+
+    resources = {"num_cpus": 0}
+
+
+#: The shape of `PooledWorker`'s pool.
+POOL_SHAPE = "num_cpus=0"
+
+
 class MetricsRequest(BaseModel):
     succeed: int
     fail: int
@@ -63,6 +73,7 @@ class MetricsJob(cr.Job[MetricsRequest]):
             *(self.create_step(Worker, Work()) for _ in range(request.succeed)),
             *(self.create_step(Worker, Work(fail=True)) for _ in range(request.fail)),
             self.create_step(Worker, Work(gate=request.gate)),
+            self.create_step(PooledWorker, Work(gate=request.gate)),
         ]
 
 

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import choreography_ray as cr
 from choreography_ray.types import type_path
 from tests.heads import REPO, Head, ray_head
-from tests.runtime.metrics_jobs import NAMESPACE, SCOPE, MetricsJob
+from tests.runtime.metrics_jobs import NAMESPACE, POOL_SHAPE, SCOPE, MetricsJob
 from tests.support import eventually
 
 #: The head's environment: Ray exports metrics every second (it never goes below 1 s).
@@ -61,6 +61,11 @@ def value(samples: Samples, name: str, **tags: str) -> float | None:
     return sum(found) if found else None
 
 
+def pool_value(samples: Samples, name: str) -> float:
+    """The sum of a pool gauge's series (one per host) for the metrics job's pool."""
+    return sum(v for labels, v in samples.get(name, []) if labels.get("shape") == POOL_SHAPE)
+
+
 def ours(samples: Samples) -> dict[str, list[tuple[dict[str, str], float]]]:
     return {name: found for name, found in samples.items() if "choreography" in name}
 
@@ -80,13 +85,21 @@ def test_metrics__scraped_counters_equal_the_jobs_progress(tmp_path: Path) -> No
             text=True,
         )  # fmt: skip
         try:
-            # The gated step holds the job RUNNING: the manager's gauge counts it.
+            # The gated steps hold the job RUNNING: the manager's gauge counts it, and the
+            # pool's host its one busy step.
             eventually(
                 lambda: value(scrape(head), "ray_choreography_jobs", status="Running") == 1,
                 timeout=SCRAPE_SECONDS + 60,
                 what="choreography_jobs{status=Running} = 1",
                 every=0.5,
             )
+            eventually(
+                lambda: pool_value(scrape(head), "ray_choreography_pool_busy_steps") == 1,
+                timeout=SCRAPE_SECONDS,
+                what=f"choreography_pool_busy_steps{{shape={POOL_SHAPE}}} = 1",
+                every=0.5,
+            )
+            assert pool_value(scrape(head), "ray_choreography_pool_hosts") >= 1
             gate.touch()
             out, err = driver.communicate(timeout=DRIVER_SECONDS)
         finally:
@@ -97,10 +110,10 @@ def test_metrics__scraped_counters_equal_the_jobs_progress(tmp_path: Path) -> No
         state = cr.JobState.model_validate_json(out.strip().splitlines()[-1])
         assert state.status is cr.JobStatus.COMPLETED_WITH_FAILURES
         progress = state.progress
-        assert (progress.successful_steps, progress.failed_steps) == (SUCCEED + 1, FAIL)
+        assert (progress.successful_steps, progress.failed_steps) == (SUCCEED + 2, FAIL)
 
         expected = {
-            "ray_choreography_steps_started_total": SUCCEED + 2 * FAIL + 1,  # each failure twice
+            "ray_choreography_steps_started_total": SUCCEED + 2 * FAIL + 2,  # each failure twice
             "ray_choreography_steps_succeeded_total": progress.successful_steps,
             "ray_choreography_steps_failed_total": progress.failed_steps,
             "ray_choreography_steps_retried_total": FAIL,
