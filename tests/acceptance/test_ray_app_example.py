@@ -28,6 +28,7 @@ def explain(done: subprocess.CompletedProcess[str]) -> str:
     return f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
 
 
+@pytest.mark.slow  # a local Ray of its own, as the docs' other scripts: about 20 s
 @pytest.mark.timeout(RUN_SECONDS + 30)
 def test_ray_app_example__async_actor_starts_awaits_and_reacts_without_blocking(
     tmp_path: Path,
