@@ -7,7 +7,6 @@ cluster and its pages offer the actions, which need the token printed at start (
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 from typing import Annotated
 
@@ -85,7 +84,7 @@ def dashboard(
     if address:
         actions = RayActions(store.url, address=address, ray_namespace=ray_namespace)
         try:
-            asyncio.run(actions.connect())
+            actions.join()
         except Exception as error:  # ray.init raises several kinds; each is a bad address here
             fail(f"cannot join the Ray cluster at {address}: {error}")
     token, generated = token_from_environment()

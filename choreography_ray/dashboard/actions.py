@@ -27,6 +27,7 @@ from choreography_ray.errors import (
     JobsManagerUnavailableError,
     SchedulerOperationError,
 )
+from choreography_ray.logs import get_logger
 from choreography_ray.model import PoolState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.names import (
@@ -61,6 +62,8 @@ class DeadLetterOperation(enum.StrEnum):
     #: `scheduler.acknowledge(dead_letter_id, note)`.
     ACKNOWLEDGE = "acknowledge"
 
+
+log = get_logger(__name__)
 
 #: Seconds a job actor has to say which pools its steps run on, before the page shows none.
 POOLS_SECONDS = 3.0
@@ -125,16 +128,24 @@ class RayActions:
         self.address = address
         self.ray_namespace = ray_namespace
         self._joined = False
+        self._joining = asyncio.Lock()
+        #: The join a page asked for in the background (`job_pools`), if any.
+        self._join_task: asyncio.Task[None] | None = None
         self._managers: dict[tuple[str, str], AsyncJobsManager] = {}
         self._schedulers: dict[str, AsyncScheduler] = {}
 
     async def connect(self) -> None:
         """Joins the cluster (unless this process is in one already)."""
+        async with self._joining:
+            await asyncio.to_thread(self.join)
+
+    def join(self) -> None:
+        """`connect` in this thread. The command joins so, in its main thread: a Ray it starts
+        (`--address local`) has processes that Linux ends with the thread that started them."""
         import ray
 
         if not ray.is_initialized():
-            await asyncio.to_thread(
-                ray.init,
+            ray.init(
                 address=self.address,
                 namespace=self.ray_namespace,
                 logging_level=logging.WARNING,
@@ -143,6 +154,8 @@ class RayActions:
             self._joined = True
 
     async def close(self) -> None:
+        if self._join_task is not None:  # a join under way ends first, then is undone
+            await asyncio.gather(self._join_task, return_exceptions=True)
         if self._joined:
             import ray
 
@@ -214,8 +227,17 @@ class RayActions:
         return JobsOptions.model_validate_json(config["options"]).scheduler
 
     async def job_pools(self, job_id: str) -> list[PoolState]:
+        """A page never waits for the cluster to be joined (seconds): until it is, it shows
+        no pools and has it joined in the background."""
         import ray
 
+        if not ray.is_initialized():
+            if self._join_task is None or self._join_task.done():
+                self._join_task = asyncio.get_running_loop().create_task(
+                    self.connect(), name="dashboard: join the cluster"
+                )
+                self._join_task.add_done_callback(_joined)
+            return []
         actor = await self._actor(job_name(job_id))
         if actor is None:
             return []
@@ -290,3 +312,8 @@ class RayActions:
             raise refusal(error) from error
         scheduler = self._schedulers[scope] = AsyncScheduler(handle, scope)
         return scheduler
+
+
+def _joined(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("%s failed (a later page asks again): %s", task.get_name(), error)

@@ -1,5 +1,6 @@
 """Documents embedded in batches on a pool of GPU hosts, durably (docs/pools.md).
 
+    pip install numpy   # the stand-in model's one dependency
     python docs/examples/embed.py [--documents 2000] [--gpus 2] [--storage sqlite:///embed.db]
 
 `Embed` declares what one host needs (a GPU), loads its model once per host (`setup`) and embeds
