@@ -17,6 +17,10 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple
 
+from choreography_ray.logs import get_logger
+
+log = get_logger(__name__)
+
 #: Seconds between two reports of a holder that holds permits.
 HEARTBEAT_SECONDS = 2.0
 #: Seconds after which a silent holder's permits come back.
@@ -145,7 +149,9 @@ class Gate:
                 async with self._lock:  # no report reads `held` while a grant is on its way
                     try:
                         granted, wait = await self._ask(self.wanted - self.granted, self.held)
-                    except Exception:  # the limiter is restarting: ask again in a moment
+                    except Exception as error:  # the limiter is restarting, say
+                        log.warning("%s: asking the limiter failed (asked again in %g s): %s",
+                                    self.name, HEARTBEAT_SECONDS / 4, error)  # fmt: skip
                         granted, wait = 0, HEARTBEAT_SECONDS / 4
                     self.granted += granted
                 if granted:
@@ -179,7 +185,10 @@ class Gate:
                     held = self.held
                     try:
                         await self._report(held)
-                    except Exception:  # restarting: told again at the next heartbeat
+                    except Exception as error:  # restarting, say: told again at the next heartbeat
+                        log.warning("%s: reporting %d permits held failed (reported again "
+                                    "within %g s): %s", self.name, held, HEARTBEAT_SECONDS,
+                                    error)  # fmt: skip
                         continue
                 if held == 0 and not self._changed.is_set():
                     return
