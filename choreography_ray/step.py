@@ -188,7 +188,9 @@ class JobStep(Generic[RequestT]):
 
     `resources` (`num_cpus`, `num_gpus`, `memory` in bytes, custom resources) runs the type's
     steps on a pool of hosts of that shape, `pool/{shape}/{node}/{n}`, each reserving them:
-    as many per node as the node's resources fit. A host makes one instance of the type, calls
+    as many as the cluster can place beside everything else and the jobs' waiting steps need,
+    at least `min_hosts` while the pool is in use and at most `max_hosts` (None: as many as
+    fit, and per node at most its CPUs or GPUs, whichever is more). A host makes one instance of the type, calls
     `setup` once before its first step (again on the next steps when it raised), and runs at
     most `concurrency` performs (or batches) of the type at once. A type without `resources`
     that overrides `setup` or `perform_batch` gets the same on the shared hosts.
@@ -204,6 +206,8 @@ class JobStep(Generic[RequestT]):
     batch_wait: ClassVar[float] = 0.05
     max_concurrent: ClassVar[int | None] = None
     max_per_second: ClassVar[float | None] = None
+    min_hosts: ClassVar[int] = 0
+    max_hosts: ClassVar[int | None] = None
 
     def setup(self) -> Any:
         """Once per host before the type's first step there (async, or sync in a worker

@@ -12,7 +12,14 @@ import asyncio
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from choreography_ray.core import host_watch, job_record, settling, stage_flow, stop_flow
+from choreography_ray.core import (
+    host_watch,
+    job_record,
+    pool_dispatch,
+    settling,
+    stage_flow,
+    stop_flow,
+)
 from choreography_ray.core.messages import StepStart, describe, failed
 from choreography_ray.core.mode import STOPPING
 from choreography_ray.core.placement import Placement, placement_of
@@ -52,7 +59,8 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
         await job_record.take_epoch(a)  # a job reopened at rest: before its first start
     while a.live:
         await stage_flow.refill(a)
-        if not (batch := a.window.next_batch()):
+        room = pool_dispatch.room_for(a, lambda step_type: placement(a, step_type))
+        if not (batch := a.window.next_batch(room)):
             break
         #: Per placement (the shared hosts, a pool, an actor each), the batch's steps.
         grouped: dict[Placement, list[StepStart]] = {}
@@ -65,10 +73,17 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
                 continue
             grouped.setdefault(where, []).append(start)
         for where, starts in grouped.items():
-            for host, share in a.hosts.place(a.job_id, starts, where):
+            if where.shape is None:
+                shares = a.hosts.place(a.job_id, starts, where)
+            else:
+                shares, left = pool_dispatch.share_out(a, where, starts)
+                a.window.queue(left, front=True)  # a host left the pool meanwhile
+            for host, share in shares:
                 answers.append(a.send(host, share))
         if cannot:
             await cannot_start(a, cannot)
+    if any(a.placements[t].shape for t in a.window.queued_types() if t in a.placements):
+        a.timers.arm("pools", pool_dispatch.SYNC_SECONDS)  # they wait for room on the pools
     return answers
 
 

@@ -9,15 +9,23 @@ from typing import Protocol
 from choreography_ray.core.messages import StepStart
 from choreography_ray.core.metrics import Labels
 from choreography_ray.core.placement import Placement
+from choreography_ray.core.pool_rules import PoolDemand
 
 
 class Hosts(Protocol):
     def place(
         self, job_id: str, starts: list[StepStart], placement: Placement
     ) -> list[tuple[str, list[StepStart]]]:
-        """The hosts that will run these steps of one placement, each with its share: the
-        next shared host all of them, the pool's hosts a share each, or each step its own
-        actor."""
+        """The hosts that will run these steps of one placement (shared or dedicated), each
+        with its share: the next shared host all of them, or each step its own actor."""
+
+    def pool_hosts(self, shape: str) -> list[str] | None:
+        """The pool's hosts Ray has placed, as last learned (None: not asked yet)."""
+
+    async def sync_pools(self, job_id: str, demands: list[PoolDemand]) -> None:
+        """Tells the pools' owner what the job holds of each pool (`PoolDemand`) and learns
+        the placed hosts of each; an owner that does not answer in time leaves what was
+        known."""
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
@@ -31,7 +39,8 @@ class Hosts(Protocol):
         """Tells every running step of the job on these hosts to stop."""
 
     async def running(self, job_id: str, fence: bool = False, epoch: int = 0) -> dict[str, str]:
-        """The job's steps running on live hosts: step id -> host. With `fence` (a job about
+        """The job's steps running on placed hosts: step id -> host; a placed host that does
+        not answer in time raises (not known yet). With `fence` (a job about
         to count from storage), each host refuses the job's starts still waiting there and
         holds the job's outcome writes until `lift_fence` (`StepHostCore.running_steps`).
         Each host asked learns `epoch`: it refuses the starts of older activations from then

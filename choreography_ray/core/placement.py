@@ -16,13 +16,25 @@ RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
 SMALLEST = 0.0001
 
 
+#: A pool's host holds this many rounds of its type's work for each job (`Placement.credit`):
+#: one running, the next waiting, and one on its way, so it never idles while the job refills it.
+ROUNDS_PER_HOST = 3
+#: ... and at least this many steps, so short unbatched steps do not wait for the refill.
+MIN_CREDIT = 16
+
+
 class Placement(NamedTuple):
     """`shape` names the pool (None: the shared hosts); `resources` are what one of its hosts
-    reserves, sorted, as `JobStep.resources` says them."""
+    reserves, sorted, as `JobStep.resources` says them, without zero amounts. `credit` is how
+    many steps of one job a pool's host holds at once (running or queued there); `min_hosts`
+    and `max_hosts` bound the pool's hosts (`JobStep.min_hosts`, `JobStep.max_hosts`)."""
 
     dedicated: bool = False
     shape: str | None = None
     resources: tuple[tuple[str, float], ...] = ()
+    credit: int = 0
+    min_hosts: int = 0
+    max_hosts: int | None = None
 
 
 SHARED = Placement()
@@ -53,8 +65,37 @@ def placement_of(step_type: type[Any]) -> Placement:
             raise TypeError(
                 f"{name}.resources[{key!r}] must be 0 or a number >= {SMALLEST:g}, not {amount!r}"
             )
-        shape.append((key, float(amount)))
-    return Placement(shape=shape_name(tuple(shape)), resources=tuple(shape))
+        if amount != int(amount) and (amount > 1 or key == "memory"):
+            # Ray's own rule: a GPU (or any resource whose units are devices) is shared only in
+            # fractions of one; memory is bytes.
+            raise TypeError(
+                f"{name}.resources[{key!r}] = {amount!r}: Ray takes a whole number "
+                + ("of bytes" if key == "memory" else "above 1 (a fraction only below 1)")
+            )
+        if amount:  # a zero amount asks for nothing: {"num_gpus": 1, "num_cpus": 0} is one shape
+            shape.append((key, float(amount)))
+    min_hosts, max_hosts = _host_bounds(step_type)
+    per_round = step_type.concurrency * (step_type.batch_size if is_batched(step_type) else 1)
+    credit = max(MIN_CREDIT, ROUNDS_PER_HOST * per_round)
+    return Placement(
+        shape=shape_name(tuple(shape)),
+        resources=tuple(shape),
+        credit=credit,
+        min_hosts=min_hosts,
+        max_hosts=max_hosts,
+    )
+
+
+def _host_bounds(step_type: type[JobStep[Any]]) -> tuple[int, int | None]:
+    name = step_type.__qualname__
+    low, high = step_type.min_hosts, step_type.max_hosts
+    if isinstance(low, bool) or not isinstance(low, int) or low < 0:
+        raise TypeError(f"{name}.min_hosts must be an int >= 0, not {low!r}")
+    if high is not None and (isinstance(high, bool) or not isinstance(high, int) or high < 1):
+        raise TypeError(f"{name}.max_hosts must be None or an int >= 1, not {high!r}")
+    if high is not None and low > high:
+        raise TypeError(f"{name}.min_hosts ({low}) is above max_hosts ({high})")
+    return low, high
 
 
 def check_lane(step_type: type[JobStep[Any]]) -> None:
@@ -100,17 +141,23 @@ def shape_name(resources: tuple[tuple[str, float], ...]) -> str:
 
 
 def hosts_fit(resources: tuple[tuple[str, float], ...], node: Mapping[str, float]) -> int:
-    """How many hosts of the shape a node's resources (Ray's names: CPU, GPU, memory, custom)
-    hold: limited by each resource the shape needs; a shape that needs none gets one host per
-    CPU, as the shared hosts do."""
+    """How many hosts of the shape the resources `node` has (Ray's names: CPU, GPU, memory,
+    custom) hold: limited by each resource the shape needs. A custom resource counts for at
+    most `node_cap` hosts, so a tiny amount used as a label (`{"accelerator_type:A10G":
+    0.001}`) does not make hundreds of hosts; a shape that needs nothing gets one host per CPU."""
     fits = [
-        int(node.get(RAY_NAMES.get(key, key), 0.0) / amount + 1e-9)
+        min(fit, node_cap(node)) if key not in RAY_NAMES else fit
         for key, amount in resources
         if amount > 0
+        for fit in [int(node.get(RAY_NAMES.get(key, key), 0.0) / amount + 1e-9)]
     ]
-    if not fits:
-        return max(1, int(node.get("CPU", 1)))
-    return min(fits)
+    return min(fits) if fits else node_cap(node)
+
+
+def node_cap(node: Mapping[str, float]) -> int:
+    """The most hosts of one shape a node of these resources gets where only custom resources
+    or none bound them: its CPUs, or its GPUs when it has more."""
+    return max(1, int(node.get("CPU", 0)), int(node.get("GPU", 0)))
 
 
 def actor_resources(resources: tuple[tuple[str, float], ...]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from choreography_ray.core import (
     dispatch,
     job_record,
     leases,
+    pool_dispatch,
     resume_flow,
     settling,
     stage_flow,
@@ -46,6 +47,8 @@ async def pump(a: JobCore) -> None:
         await dispatch.retry_failed_starts(a)
     if a.timers.due("admission") and a.mode is Mode.AWAITING_ADMISSION:
         await stage_flow.begin_stage(a, a.admission_stage)
+    if a.timers.due("pools"):
+        await pool_dispatch.sync(a)
     a.timers.due("retries")  # re-armed below for the next one
     a.window.retry_due()
     if (due_in := a.window.next_due_in()) is not None:

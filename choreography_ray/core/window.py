@@ -30,7 +30,7 @@ import itertools
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from choreography_ray.core.messages import StepStart
@@ -73,8 +73,14 @@ class Window:
     size: float = math.inf
     #: The step runs, by step id.
     runs: dict[str, StepRun] = field(default_factory=dict)
-    #: QUEUED runs in start order; a run that left QUEUED since is skipped when reached.
-    _queue: deque[StepRun] = field(default_factory=deque)
+    #: QUEUED runs in start order, a line per step type (the pools' types wait for room on
+    #: their hosts, the others do not wait behind them); a run that left QUEUED since is
+    #: skipped when reached.
+    _queues: dict[str, deque[StepRun]] = field(default_factory=dict)
+    #: QUEUED runs per step type.
+    _queued: Counter[str] = field(default_factory=Counter)
+    #: In-flight runs per host (those handed to a host).
+    _load: Counter[str] = field(default_factory=Counter)
     #: RETRY_WAIT runs by due time; a run that left RETRY_WAIT since is skipped when reached.
     _due: list[tuple[float, int, StepRun]] = field(default_factory=list)
     _count: Counter[RunState] = field(default_factory=Counter)
@@ -93,22 +99,55 @@ class Window:
         self, start: StepStart, state: RunState, host: str = "", retry: bool = False
     ) -> StepRun:
         self._drop(start.step_id)
-        run = self.runs[start.step_id] = StepRun(start, state, host, retry)
-        self._count[state] += 1
+        run = self.runs[start.step_id] = StepRun(start, state)
+        self._enter(run, state)
+        run.host, run.retry = host, retry
+        self._tally(run, 1)
         if state is RunState.QUEUED:
-            self._queue.append(run)
+            self._queues.setdefault(start.type, deque()).append(run)
         return run
 
     def _drop(self, step_id: str) -> StepRun | None:
         run = self.runs.pop(step_id, None)
         if run is not None:
+            self._tally(run, -1)
             self._count[run.state] -= 1
+            if run.state is RunState.QUEUED:
+                self._queued[run.start.type] -= 1
         return run
 
-    def _move(self, run: StepRun, state: RunState) -> None:
-        self._count[run.state] -= 1
+    def _enter(self, run: StepRun, state: RunState) -> None:
         self._count[state] += 1
+        if state is RunState.QUEUED:
+            self._queued[run.start.type] += 1
+
+    def _move(self, run: StepRun, state: RunState) -> None:
+        self._tally(run, -1)
+        self._count[run.state] -= 1
+        if run.state is RunState.QUEUED:
+            self._queued[run.start.type] -= 1
         run.state = state
+        self._enter(run, state)
+        self._tally(run, 1)
+
+    def _tally(self, run: StepRun, sign: int) -> None:
+        """Keeps `_load` (in-flight runs per host) as a run enters or leaves it."""
+        if run.host and run.state in IN_FLIGHT:
+            self._load[run.host] += sign
+            if not self._load[run.host]:
+                del self._load[run.host]
+
+    def load(self, host: str) -> int:
+        """The steps in flight on `host`."""
+        return self._load[host]
+
+    def queued(self, step_type: str) -> int:
+        """The steps of `step_type` waiting to start."""
+        return self._queued[step_type]
+
+    def queued_types(self) -> list[str]:
+        """The step types with steps waiting to start."""
+        return [t for t, n in self._queued.items() if n > 0]
 
     def state_of(self, step_id: str) -> RunState | None:
         run = self.runs.get(step_id)
@@ -130,11 +169,14 @@ class Window:
         return {i: (run.start, run.host) for i, run in self.runs.items() if run.state in states}
 
     def on_host(self, host: str) -> list[StepStart]:
+        if not self._load[host]:
+            return []
         return [run.start for run in self.runs.values()
                 if run.state in IN_FLIGHT and run.host == host]  # fmt: skip
 
     def hosts(self) -> set[str]:
-        return {run.host for run in self.runs.values() if run.state in IN_FLIGHT}
+        """The hosts that hold steps of the job in flight."""
+        return {host for host, n in self._load.items() if n > 0}
 
     def failed_starts(self) -> list[StepStart]:
         return [run.start for run in self.runs.values() if run.state is RunState.START_FAILED]
@@ -161,9 +203,11 @@ class Window:
             old = self.runs.get(start.step_id)
             self._put(start, RunState.QUEUED, retry=old is not None and old.retry)
         if front:
-            # The new rows are the last len(starts) of the queue: move them to its front.
-            moved = [self._queue.pop() for _ in starts]
-            self._queue.extendleft(moved)
+            # The new rows are the last of their lines: move them to the fronts.
+            moved: dict[str, int] = Counter(start.type for start in starts)
+            for step_type, n in moved.items():
+                line = self._queues[step_type]
+                line.extendleft([line.pop() for _ in range(n)])
 
     def wait_retry(self, failed: StepStart, delay: float) -> None:
         """The failed step's next attempt, due in `delay` seconds: RETRY_WAIT."""
@@ -190,20 +234,29 @@ class Window:
             if run is not None and run.state is RunState.ACTIVE:
                 self._move(run, RunState.OWNER_LOST)
 
-    def next_batch(self) -> list[StepStart]:
-        """The next steps to start, as the window and the throttle allow (empty: none now):
-        STARTING from now on, on no host yet (`started` names it)."""
+    def next_batch(self, room_for: Callable[[str], float] = lambda _type: math.inf) -> list[StepStart]:
+        """The next steps to start, as the window, the throttle and `room_for` (step type ->
+        how many of its steps the hosts take now) allow (empty: none now): STARTING from now
+        on, on no host yet (`started` names it). The types' lines take turns in order."""
         room = min(
             self.size - self.in_flight(),
             self.options.effective_max_concurrent_step_starts - self.count(RunState.STARTING),
             self.options.step_batch_size,
         )
         batch: list[StepStart] = []
-        while self._queue and len(batch) < room:
-            run = self._queue.popleft()
-            if self._is_current(run, RunState.QUEUED):
-                self._move(run, RunState.STARTING)
-                batch.append(run.start)
+        for step_type, line in list(self._queues.items()):
+            if len(batch) >= room:
+                break
+            take = min(room - len(batch), room_for(step_type))
+            taken = 0
+            while line and taken < take:
+                run = line.popleft()
+                if self._is_current(run, RunState.QUEUED):
+                    self._move(run, RunState.STARTING)
+                    batch.append(run.start)
+                    taken += 1
+            if not line:
+                del self._queues[step_type]
         return batch
 
     def started(self, batch: Iterable[StepStart], host: str) -> None:
@@ -212,6 +265,7 @@ class Window:
             run = self.runs.get(start.step_id)
             if run is not None and run.start is start and run.state is RunState.STARTING:
                 run.host = host  # taken by `next_batch`: the hot path
+                self._tally(run, 1)
             else:
                 self._put(start, RunState.STARTING, host, run is not None and run.retry)
 
@@ -249,12 +303,14 @@ class Window:
         """QUEUED, START_FAILED and RETRY_WAIT runs, out of the table (a stop counts them)."""
         left = [run for run in self.runs.values() if run.state in WAITING]
         self.forget(run.start.step_id for run in left)
-        self._queue.clear()
+        self._queues.clear()
         self._due.clear()
         return left
 
     def clear(self) -> None:
         self.runs.clear()
-        self._queue.clear()
+        self._queues.clear()
         self._due.clear()
         self._count.clear()
+        self._queued.clear()
+        self._load.clear()

@@ -1,5 +1,5 @@
-"""Creating the package's named actors: a jobs manager, the recovery actor, a job actor, a
-scheduler.
+"""Creating the package's named actors: a jobs manager, the recovery actor, the pools' owner,
+a job actor, a scheduler.
 
 Each function returns a handle to the named detached actor and creates the actor first if it
 does not exist yet (get-if-exists, `names.actor_options`), so the name, the options and the
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from choreography_ray.runtime.names import (
+    POOLS,
     RECOVERY,
     actor_options,
     job_name,
@@ -47,6 +48,16 @@ def recovery_actor(ray_namespace: str) -> Any:
     return RecoveryActor.options(  # type: ignore[attr-defined]
         **actor_options(RECOVERY, ray_namespace)
     ).remote(ray_namespace)
+
+
+def pool_owner_actor(ray_namespace: str, capacity: int) -> Any:
+    """`pools`, one per Ray namespace: it makes every pool's hosts (`runtime/pool_owner.py`).
+    `capacity` is what each of its hosts runs at once, as the first job to use a pool said."""
+    from choreography_ray.runtime.pool_owner import PoolOwner
+
+    return PoolOwner.options(  # type: ignore[attr-defined]
+        **actor_options(POOLS, ray_namespace)
+    ).remote(ray_namespace, capacity)
 
 
 def job_actor(

@@ -1,14 +1,14 @@
 """Step hosts as a job activation sees them (`core.hosts.Hosts`): `step-host/{node_id}/{n}`
-pinned to each alive node, one per CPU slot by default (`JobsOptions.step_hosts_per_node`), and
-dedicated step actors. Every Ray call a job activation makes to a host is made here."""
+pinned to each alive node, one per CPU slot by default (`JobsOptions.step_hosts_per_node`), the
+pools' hosts the pools' owner names (`runtime/pool_owner.py`), and dedicated step actors.
+Every Ray call a job activation makes to a host is made here, and each has a deadline but the
+watch (a call that returns when its host is gone, awaited outside the job's turns)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -16,15 +16,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from choreography_ray.core.messages import StepStart, starts_to_wire
 from choreography_ray.core.metrics import Labels
-from choreography_ray.core.placement import Placement, actor_resources, hosts_fit
+from choreography_ray.core.placement import Placement, hosts_fit
+from choreography_ray.core.pool_rules import PoolDemand
 from choreography_ray.errors import StepHostUnknownError
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
+from choreography_ray.runtime.actors import pool_owner_actor
 from choreography_ray.runtime.membership import alive_node_resources
 from choreography_ray.runtime.names import (
-    PENDING,
     actor_options,
-    pool_host_name,
     pool_prefix,
     step_actor_name,
     step_host_name,
@@ -34,16 +34,12 @@ from choreography_ray.types import import_type
 
 log = get_logger(__name__)
 
-
-@dataclass
-class Pool:
-    """The hosts of one resource shape, as this activation knows them."""
-
-    resources: tuple[tuple[str, float], ...]
-    hosts: list[str] = field(default_factory=list)
-    turn: int = 0
-    #: When this activation last placed steps on it (monotonic seconds).
-    placed: float = field(default_factory=time.monotonic)
+#: Seconds a host (or the pools' owner) has to answer a control call: which steps of a job it
+#: runs, a stop, a fence lifted. A host that misses it is not known yet, and asked again.
+CONTROL_SECONDS = 10.0
+#: Seconds a host has to answer a start: it answers once the steps' RUNNING is stored, and a
+#: shared host at capacity first waits for room, which throttles the job's starts.
+START_SECONDS = 300.0
 
 
 class RayHosts:
@@ -55,66 +51,34 @@ class RayHosts:
         self.handles: dict[str, Any] = {}
         self._shared: list[str] = []
         self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
-        #: The pools this activation placed steps on, by shape.
-        self.pools: dict[str, Pool] = {}
-        #: The alive nodes' resources (Ray's names), as the last refresh read them.
-        self._nodes: dict[str, dict[str, float]] = {}
+        #: Per shape, the placed hosts of its pool as the pools' owner last named them.
+        self._pools: dict[str, list[str]] = {}
+        self._owner: Any = None
+        #: Per job, the hosts its last fenced `running` asked: they lift the fence.
+        self._fenced: dict[str, list[str]] = {}
         #: Kills of released dedicated step actors in flight.
         self._releasing: set[asyncio.Task[None]] = set()
 
     async def refresh(self) -> None:
-        """Creates (or finds) the hosts of every alive node; forgets those of dead nodes."""
+        """Creates (or finds) the shared hosts of every alive node; forgets those of dead
+        nodes."""
         self._build(await asyncio.to_thread(alive_node_resources))
 
     def _build(self, nodes: dict[str, dict[str, float]]) -> None:
-        self._nodes = nodes
-        idle = self._options.pool_idle_timeout
-        if idle is not None:
-            # A pool this activation has not used for that long is not built again: its hosts
-            # leave when idle, and the next step of its shape builds it anew.
-            since = time.monotonic() - idle.total_seconds()
-            self.pools = {shape: p for shape, p in self.pools.items() if p.placed >= since}
         built: dict[str, Any] = {}
         for node_id, resources in nodes.items():
             for index in range(self._options.step_hosts_per_node or hosts_fit((), resources)):
                 name = step_host_name(node_id, index)
-                built[name] = self._host(name, node_id)
+                built[name] = self.handles.get(name) or self._shared_host(name, node_id)
         self._shared = list(built)
-        for shape, pool in self.pools.items():
-            pool.hosts = []
-            for node_id, resources in nodes.items():
-                for index in range(hosts_fit(pool.resources, resources)):
-                    name = pool_host_name(shape, node_id, index)
-                    built[name] = self._host(name, node_id, pool.resources)
-                    pool.hosts.append(name)
-            if not pool.hosts:
-                # No alive node fits the shape: one host Ray places where it can, pending
-                # until a node that fits joins, which an autoscaler sees as demand.
-                name = pool_host_name(shape, PENDING, 0)
-                built[name] = self._host(name, None, pool.resources)
-                pool.hosts.append(name)
-        rebuilt = ("step-host/", *map(pool_prefix, self.pools))
-        others = {n: h for n, h in self.handles.items() if not n.startswith(rebuilt)}
+        others = {n: h for n, h in self.handles.items() if not n.startswith("step-host/")}
         self.handles = {**others, **built}
 
-    def _host(
-        self, name: str, node_id: str | None, resources: tuple[tuple[str, float], ...] | None = None
-    ) -> Any:
-        """The handle of a shared host (`resources` None) or a pool's, created when missing."""
-        if (handle := self.handles.get(name)) is not None:
-            return handle
-        extra: dict[str, Any] = {}
-        if node_id is not None:
-            extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        idle_timeout = shape = None
-        if resources is not None:
-            extra.update(actor_resources(resources))
-            timeout = self._options.pool_idle_timeout
-            idle_timeout = None if timeout is None else timeout.total_seconds()
-            shape = name.split("/")[1]
+    def _shared_host(self, name: str, node_id: str) -> Any:
+        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
         return StepHost.options(  # type: ignore[attr-defined]
-            **actor_options(name, self._namespace, **extra)
-        ).remote(*self._args, idle_timeout, shape)
+            **actor_options(name, self._namespace, scheduling_strategy=strategy)
+        ).remote(*self._args)
 
     def place(
         self, job_id: str, starts: list[StepStart], placement: Placement
@@ -122,7 +86,7 @@ class RayHosts:
         if placement.dedicated:
             return [(self._dedicated(job_id, start), [start]) for start in starts]
         if placement.shape is not None:
-            return self._place_in_pool(placement, starts)
+            raise ValueError("a pool's steps go to the hosts `pool_hosts` names")
         if not self._shared:
             # The first placement of an activation: one read of the node table.
             self._build(alive_node_resources())
@@ -140,24 +104,27 @@ class RayHosts:
         ).remote(*self._args)
         return name
 
-    def _place_in_pool(
-        self, placement: Placement, starts: list[StepStart]
-    ) -> list[tuple[str, list[StepStart]]]:
-        """An even share of `starts` to each host of the pool, from the next one on."""
-        assert placement.shape is not None
-        pool = self.pools.get(placement.shape)
-        if pool is None:
-            # The activation's first step of the shape: its hosts on every node they fit.
-            pool = self.pools[placement.shape] = Pool(placement.resources)
-            self._build(self._nodes or alive_node_resources())
-        pool.placed = time.monotonic()
-        hosts = len(pool.hosts)
-        share = -(-len(starts) // hosts)
-        placed = []
-        for begin in range(0, len(starts), share):
-            placed.append((pool.hosts[pool.turn % hosts], starts[begin : begin + share]))
-            pool.turn += 1
-        return placed
+    def pool_hosts(self, shape: str) -> list[str] | None:
+        return self._pools.get(shape)
+
+    async def sync_pools(self, job_id: str, demands: list[PoolDemand]) -> None:
+        """Tells the pools' owner what the job holds of each pool and learns their placed
+        hosts; an owner that does not answer in time leaves what was known (asked again)."""
+        try:
+            if self._owner is None:
+                capacity = self._options.step_host_capacity
+                self._owner = await asyncio.to_thread(
+                    pool_owner_actor, self._namespace, capacity
+                )
+            async with asyncio.timeout(CONTROL_SECONDS):
+                answer = await self._owner.sync.remote(job_id, demands)
+        except (TimeoutError, ray.exceptions.RayError) as error:
+            log.warning("job %s: the pools' owner did not answer (%s); asked again soon",
+                        job_id, error)  # fmt: skip
+            return
+        for shape, hosts in answer.items():
+            self._pools[shape] = [name for name, _handle in hosts]
+            self.handles.update(hosts)
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
@@ -165,63 +132,84 @@ class RayHosts:
         wire = starts_to_wire(batch)
         handle = self.handles[host]
         try:
-            _started, incarnation = await handle.start_steps.remote(
-                job_id, self.context, wire, tuple(labels), epoch
-            )
+            async with asyncio.timeout(START_SECONDS):
+                _started, incarnation = await handle.start_steps.remote(
+                    job_id, self.context, wire, tuple(labels), epoch
+                )
         except ray.exceptions.ActorDiedError:
             self._forget_pool_host(host)
             raise
+        except TimeoutError:
+            raise StepHostUnknownError(
+                f"step host {host} did not answer a start of job {job_id} in {START_SECONDS:g} s"
+            ) from None
         return str(incarnation)
 
     def _forget_pool_host(self, host: str) -> None:
         """A pool's host that is gone (it left when idle, or its node did) gets no more steps
-        until a refresh finds it again; a pool left without hosts is built anew."""
-        for shape, pool in list(self.pools.items()):
-            if host in pool.hosts:
-                pool.hosts.remove(host)
+        until the pools' owner names it again."""
+        for hosts in self._pools.values():
+            if host in hosts:
+                hosts.remove(host)
                 self.handles.pop(host, None)
-                if not pool.hosts:
-                    del self.pools[shape]
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
-        handles = [self.handles[h] for h in hosts if h in self.handles]
-        answers = await asyncio.gather(
-            *(h.cancel_steps.remote(job_id, removing) for h in handles), return_exceptions=True
-        )
-        for answer in answers:
+        names = [h for h in hosts if h in self.handles]
+        answers = await self._ask(names, "cancel_steps", job_id, removing)
+        for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, BaseException):
-                log.warning("job %s: telling a host to stop its steps failed: %s", job_id, answer)
+                log.warning("job %s: telling host %s to stop its steps failed: %r", job_id,
+                            name, answer)  # fmt: skip
+
+    async def _ask(self, names: list[str], method: str, *args: Any) -> list[Any]:
+        """Calls `method` of each host at once, each answer (or its error) within
+        CONTROL_SECONDS: a host that misses it answers `TimeoutError`."""
+
+        async def ask(name: str) -> Any:
+            async with asyncio.timeout(CONTROL_SECONDS):
+                return await getattr(self.handles[name], method).remote(*args)
+
+        return await asyncio.gather(*(ask(name) for name in names), return_exceptions=True)
 
     async def running(self, job_id: str, fence: bool = False, epoch: int = 0) -> dict[str, str]:
-        """Asks every host of the job: those of alive nodes and its dedicated step actors,
-        also those an earlier activation created. A dead host runs nothing; a live one that
-        does not answer raises `StepHostUnknownError`."""
+        """Asks every host Ray has placed that can hold the job's steps: the shared hosts of
+        alive nodes, the pools' hosts and the job's dedicated step actors, also those an
+        earlier activation created. A host Ray has not placed (pending, restarting, dead)
+        runs nothing and is not asked; a placed one that does not answer within
+        CONTROL_SECONDS raises `StepHostUnknownError` (not known yet: asked again)."""
         await self.refresh()
-        await self._find_hosts(job_id)
-        names = list(self.handles)
-        answers = await asyncio.gather(
-            *(self.handles[n].running_steps.remote(job_id, fence, epoch) for n in names),
-            return_exceptions=True,
-        )
+        names = await self._placed(job_id)
+        if fence:
+            self._fenced[job_id] = names
+        answers = await self._ask(names, "running_steps", job_id, fence, epoch)
         running: dict[str, str] = {}
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, ray.exceptions.ActorDiedError):
                 continue
             if isinstance(answer, BaseException):
                 raise StepHostUnknownError(
-                    f"step host {name} did not answer which steps of job {job_id} it runs: {answer}"
+                    f"step host {name} did not answer which steps of job {job_id} it runs: "
+                    f"{answer!r}"
                 )
             running.update(dict.fromkeys(answer, name))
         return running
 
-    async def _find_hosts(self, job_id: str) -> None:
-        """Handles of the job's dedicated step actors and of the pools' hosts this activation
-        did not create (an earlier one did)."""
-        prefixes = (step_actor_name(job_id, ""), pool_prefix())
-        for name in await asyncio.to_thread(self._named, *prefixes):
+    async def _placed(self, job_id: str) -> list[str]:
+        """The hosts that can hold the job's steps and that Ray has placed (alive)."""
+        listed, alive = await asyncio.to_thread(
+            self._named_and_alive, step_actor_name(job_id, ""), pool_prefix()
+        )
+        for name in listed:
             if name not in self.handles:
                 with contextlib.suppress(ValueError):  # gone since it was listed
                     self.handles[name] = ray.get_actor(name, namespace=self._namespace)
+        candidates = [*self._shared, *(n for n in listed if n in self.handles)]
+        return [n for n in dict.fromkeys(candidates) if self.handles[n]._actor_id.hex() in alive]
+
+    def _named_and_alive(self, *prefixes: str) -> tuple[list[str], set[str]]:
+        from ray._private import state
+
+        return self._named(*prefixes), set(state.actors(actor_state_name="ALIVE"))
 
     def _named(self, *prefixes: str) -> list[str]:
         """The names of this namespace's actors that start with one of `prefixes`."""
@@ -232,14 +220,12 @@ class RayHosts:
         ]
 
     async def lift_fence(self, job_id: str) -> None:
-        answers = await asyncio.gather(
-            *(h.lift_fence.remote(job_id) for h in list(self.handles.values())),
-            return_exceptions=True,
-        )
-        for answer in answers:
+        names = [n for n in self._fenced.pop(job_id, []) if n in self.handles]
+        answers = await self._ask(names, "lift_fence", job_id)
+        for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, BaseException):
-                log.warning("job %s: lifting a host's fence failed (it lifts itself): %s",
-                            job_id, answer)  # fmt: skip
+                log.warning("job %s: lifting the fence of host %s failed (it lifts itself): %r",
+                            job_id, name, answer)  # fmt: skip
 
     async def watch(self, host: str, incarnation: str | None) -> None:
         handle = self.handles.get(host)

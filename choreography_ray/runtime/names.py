@@ -6,6 +6,8 @@ from typing import Any
 
 DEFAULT_NAMESPACE = "choreography"
 RECOVERY = "recovery"
+#: The pools' owner (`runtime/pool_owner.py`), one per Ray namespace.
+POOLS = "pools"
 
 
 def manager_name(scope: str, namespace: str) -> str:

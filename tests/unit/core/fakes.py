@@ -32,6 +32,7 @@ from choreography_ray.core.job import JobCore
 from choreography_ray.core.messages import Outcome, StepStart, failed
 from choreography_ray.core.metrics import Counter, Histogram, Labels
 from choreography_ray.core.placement import Placement
+from choreography_ray.core.pool_rules import PoolDemand
 from choreography_ray.errors import (
     StaleActivationError,
     StepHostUnknownError,
@@ -124,6 +125,10 @@ class FakeHosts:
         #: When set, a host stores a lease with each RUNNING write: silo `NODE`, activation the
         #: host's name, never renewed (so it expires one lease timeout after the start).
         self.leases = False
+        #: Per shape, the placed hosts of its pool (a shape not named: the shared hosts).
+        self.pools: dict[str, list[str]] = {}
+        #: Every `sync_pools`, as (job id, demands).
+        self.synced: list[tuple[str, list[PoolDemand]]] = []
 
     # -- the Hosts protocol -------------------------------------------------------------------
 
@@ -138,6 +143,14 @@ class FakeHosts:
         host = alive[self._turn % len(alive)]
         self._turn += 1
         return [(host, list(starts))]
+
+    def pool_hosts(self, shape: str) -> list[str] | None:
+        """A pool's placed hosts: those `pools` names for it, else the alive shared hosts."""
+        hosts = self.pools.get(shape, self.shared)
+        return [h for h in hosts if h not in self.dead]
+
+    async def sync_pools(self, job_id: str, demands: list[PoolDemand]) -> None:
+        self.synced.append((job_id, list(demands)))
 
     async def start(
         self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0

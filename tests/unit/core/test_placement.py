@@ -13,6 +13,8 @@ from choreography_ray import JobStep
 from choreography_ray.core.placement import (
     SHARED,
     Placement,
+    MIN_CREDIT,
+    ROUNDS_PER_HOST,
     actor_resources,
     hosts_fit,
     is_batched,
@@ -63,7 +65,9 @@ def test_placement_of__a_dedicated_type_is_dedicated_without_a_shape() -> None:
 def test_placement_of__resources_name_the_shape_as_the_pool_and_are_kept_as_floats() -> None:
     placement = placement_of(step_type("Gpu", resources={"num_gpus": 1}))
 
-    assert placement == Placement(shape="num_gpus=1", resources=(("num_gpus", 1.0),))
+    assert placement == Placement(
+        shape="num_gpus=1", resources=(("num_gpus", 1.0),), credit=MIN_CREDIT
+    )
     assert not placement.dedicated
     assert all(isinstance(amount, float) for _, amount in placement.resources)
 
@@ -85,7 +89,9 @@ def test_placement_of__a_custom_resource_is_named_as_it_is_with_its_fraction() -
 
 
 def test_placement_of__empty_resources_are_a_pool_of_shape_none() -> None:
-    assert placement_of(step_type("Nothing", resources={})) == Placement(shape="none")
+    assert placement_of(step_type("Nothing", resources={})) == Placement(
+        shape="none", credit=MIN_CREDIT
+    )
 
 
 @pytest.mark.parametrize(
@@ -135,6 +141,31 @@ def test_placement_of__empty_resources_are_a_pool_of_shape_none() -> None:
             {"resources": {"GPU": 1}},
             "Wrong.resources: say num_cpus, num_gpus or memory, not 'GPU'",
             id="ray's-own-name",
+        ),
+        pytest.param(
+            {"resources": {"num_gpus": 1.5}},
+            "Wrong.resources['num_gpus'] = 1.5: Ray takes a whole number above 1",
+            id="fraction-above-one",
+        ),
+        pytest.param(
+            {"resources": {"memory": 1e9 + 0.5}},
+            "Wrong.resources['memory'] = 1000000000.5: Ray takes a whole number of bytes",
+            id="memory-not-bytes",
+        ),
+        pytest.param(
+            {"resources": {"num_gpus": 1}, "min_hosts": -1},
+            "Wrong.min_hosts must be an int >= 0, not -1",
+            id="min-hosts-negative",
+        ),
+        pytest.param(
+            {"resources": {"num_gpus": 1}, "max_hosts": 0},
+            "Wrong.max_hosts must be None or an int >= 1, not 0",
+            id="max-hosts-0",
+        ),
+        pytest.param(
+            {"resources": {"num_gpus": 1}, "min_hosts": 3, "max_hosts": 2},
+            "Wrong.min_hosts (3) is above max_hosts (2)",
+            id="min-above-max",
         ),
         pytest.param(
             {"concurrency": 0}, "Wrong.concurrency must be an int >= 1, not 0", id="concurrency-0"
@@ -196,6 +227,34 @@ def test_placement_of__an_instance_is_no_step_type() -> None:
         placement_of(Plain())  # type: ignore[arg-type]
 
 
+def test_placement_of__zero_amounts_are_dropped_so_one_shape_is_one_pool() -> None:
+    gpu = placement_of(step_type("Gpu", resources={"num_gpus": 1}))
+    no_cpu = placement_of(step_type("GpuNoCpu", resources={"num_gpus": 1, "num_cpus": 0}))
+
+    assert no_cpu.shape == gpu.shape == "num_gpus=1"
+    assert no_cpu.resources == gpu.resources
+
+
+def test_placement_of__a_whole_amount_above_one_and_a_fraction_below_one_are_taken() -> None:
+    assert placement_of(step_type("Two", resources={"num_gpus": 2.0})).shape == "num_gpus=2"
+    assert placement_of(step_type("Half", resources={"num_gpus": 0.5})).shape == "num_gpus=0.5"
+
+
+def test_placement_of__credit_is_rounds_of_what_a_host_runs_at_once() -> None:
+    where = placement_of(
+        type("Wide", (Batched,), {"resources": {"num_gpus": 1}, "concurrency": 2, "batch_size": 32})
+    )
+
+    assert where.credit == ROUNDS_PER_HOST * 2 * 32
+    assert placement_of(step_type("One", resources={"num_gpus": 1})).credit == MIN_CREDIT
+
+
+def test_placement_of__host_bounds_come_from_the_type() -> None:
+    where = placement_of(step_type("Bound", resources={"num_gpus": 1}, min_hosts=1, max_hosts=3))
+
+    assert (where.min_hosts, where.max_hosts) == (1, 3)
+
+
 # hosts_fit
 
 
@@ -216,6 +275,13 @@ def test_hosts_fit__a_resource_the_node_lacks_fits_none() -> None:
 
 def test_hosts_fit__fractions_of_a_gpu_fit_as_many_as_they_add_up_to() -> None:
     assert hosts_fit((("num_gpus", 0.25),), {"CPU": 1, "GPU": 1}) == 4
+
+
+def test_hosts_fit__a_tiny_custom_amount_makes_no_more_hosts_than_cpus_or_gpus() -> None:
+    label = (("accelerator_type:A10G", 0.001),)
+
+    assert hosts_fit(label, {"CPU": 2, "GPU": 1, "accelerator_type:A10G": 1}) == 2
+    assert hosts_fit(label, {"CPU": 2, "GPU": 8, "accelerator_type:A10G": 1}) == 8
 
 
 def test_hosts_fit__a_shape_of_zero_amounts_fits_one_host_per_cpu() -> None:

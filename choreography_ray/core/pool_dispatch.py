@@ -1,0 +1,112 @@
+"""A job's steps of a pool go to hosts that have room for them: work follows capacity.
+
+A pool's host holds at most `Placement.credit` steps of one job at once (running or queued
+there); the job hands it more as its outcomes come back. So the steps of a pool wait in the
+job's window (QUEUED) until a placed host has room: a host that joins takes part of the
+backlog, a slow host takes less, and a host Ray has not placed gets nothing. What the job holds
+of each pool (waiting and on its hosts) is its demand: the pump tells the pools' owner about
+once a second (`sync`), and learns the placed hosts.
+
+A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from choreography_ray.core.messages import StepStart
+from choreography_ray.core.placement import Placement
+from choreography_ray.core.pool_rules import PoolDemand
+
+if TYPE_CHECKING:
+    from choreography_ray.core.job import JobCore
+
+#: Seconds between two syncs with the pools' owner while the job holds steps of a pool.
+SYNC_SECONDS = 1.0
+
+
+def room_for(a: JobCore, placement_of: Callable[[str], Placement]) -> Callable[[str], float]:
+    """Step type -> how many of its steps may start now: any number off the pools; for a
+    pool's type, the room its placed hosts have, shared by the types of the same shape in one
+    call (`Window.next_batch` asks each type once)."""
+    left: dict[str, float] = {}
+
+    def room(step_type: str) -> float:
+        try:
+            where = placement_of(step_type)
+        except Exception:
+            return math.inf  # taken, and fails to start
+        if where.shape is None:
+            return math.inf
+        if where.shape not in left:
+            hosts = a.hosts.pool_hosts(where.shape)
+            if hosts is None:
+                a.timers.arm("pools", 0.0)  # not asked yet
+            left[where.shape] = sum(free(a, where, hosts or ()).values())
+        room, left[where.shape] = left[where.shape], 0
+        return room
+
+    return room
+
+
+def free(a: JobCore, where: Placement, hosts: tuple[str, ...] | list[str]) -> dict[str, int]:
+    """Each host's room for the job's steps of the pool."""
+    return {host: max(0, where.credit - a.window.load(host)) for host in hosts}
+
+
+def share_out(
+    a: JobCore, where: Placement, starts: list[StepStart]
+) -> tuple[list[tuple[str, list[StepStart]]], list[StepStart]]:
+    """The pool's steps per host, the host with the most room first, each up to its room;
+    and those no host has room for."""
+    assert where.shape is not None
+    room = free(a, where, a.hosts.pool_hosts(where.shape) or ())
+    shares: list[tuple[str, list[StepStart]]] = []
+    begin = 0
+    for host, n in sorted(room.items(), key=lambda item: (-item[1], item[0])):
+        if begin >= len(starts) or n <= 0:
+            break
+        shares.append((host, starts[begin : begin + n]))
+        begin += n
+    return shares, starts[begin:]
+
+
+def demands(a: JobCore) -> list[PoolDemand]:
+    """What the job holds of each pool it uses: its steps waiting, and on the pool's hosts."""
+    steps: defaultdict[str, int] = defaultdict(int)
+    spec: dict[str, Placement] = {}
+    for step_type, where in a.placements.items():
+        if where.shape is None:
+            continue
+        steps[where.shape] += a.window.queued(step_type)
+        spec.setdefault(where.shape, where)
+    idle = a.options.pool_idle_timeout
+    out: list[PoolDemand] = []
+    for shape, where in spec.items():
+        held = steps[shape] + sum(a.window.load(h) for h in a.hosts.pool_hosts(shape) or ())
+        out.append(
+            PoolDemand(
+                shape,
+                where.resources,
+                where.credit,
+                held,
+                where.min_hosts,
+                where.max_hosts,
+                None if idle is None else idle.total_seconds(),
+            )
+        )
+    return out
+
+
+async def sync(a: JobCore) -> None:
+    """Tells the pools' owner the job's demand and learns the placed hosts; again in
+    SYNC_SECONDS while the job holds steps of a pool."""
+    said = demands(a)
+    if not said:
+        return
+    await a.hosts.sync_pools(a.job_id, said)
+    if any(d.steps for d in said):
+        a.timers.arm("pools", SYNC_SECONDS)

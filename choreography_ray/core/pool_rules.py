@@ -1,0 +1,274 @@
+"""The pools' owner's rules (no Ray): how many hosts each resource shape gets, on which nodes,
+and what the cluster is asked to grow to. One owner decides for every shape and job of a Ray
+namespace (`runtime/pool_owner.py`), so two shapes over the same GPUs never both count them.
+
+Each job with steps of a pool tells the owner, about once a second, how many of them it holds
+(queued for room or on the pool's hosts: `PoolDemand`). A shape *wants*
+`ceil(steps / credit)` hosts, at least `min_hosts` while any job uses it and at most
+`max_hosts`. Every tick the owner reads what Ray can place now (each alive node's available
+resources, less what its own hosts created but not placed yet reserve) and creates the hosts
+that are wanted and fit, one shape after another in turn, pinned to their node. A host Ray has
+not placed gets no steps; one still unplaced after `PLACE_GRACE` (something else took what it
+was created for) is killed. What is wanted and does not fit is the demand an autoscaler reads:
+the owner asks for a bundle per wanted host of every shape (`request`), replacing the request as
+a whole. A shape that waits while another shape has more hosts than it wants takes their place:
+those hosts are asked to leave if idle.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from choreography_ray.core.placement import RAY_NAMES, hosts_fit, node_cap
+
+#: Seconds a job's demand counts without being said again (a job that ended stops saying it).
+DEMAND_SECONDS = 10.0
+#: Seconds a host may stay unplaced before the owner kills it: Ray could not place it where it
+#: was pinned (another actor took what the node had free when it was created).
+PLACE_GRACE = 15.0
+#: Seconds after a host is placed during which the node's available resources, as Ray reports
+#: them, may not show it yet: its reservation is still taken off what is free.
+RESOURCE_LAG = 2.0
+
+Resources = tuple[tuple[str, float], ...]
+
+
+class PoolDemand(NamedTuple):
+    """What one job holds of one pool: `steps` queued for room or on its hosts."""
+
+    shape: str
+    resources: Resources
+    credit: int
+    steps: int
+    min_hosts: int = 0
+    max_hosts: int | None = None
+    #: Seconds a host of the pool may idle before it leaves (None: it stays).
+    idle_timeout: float | None = None
+
+
+class HostState(enum.StrEnum):
+    CREATED = "Created"  #: created, not placed by Ray yet: gets no steps
+    PLACED = "Placed"  #: alive on its node: takes steps
+
+
+@dataclass(slots=True)
+class HostRow:
+    name: str
+    shape: str
+    node: str
+    resources: Resources
+    state: HostState
+    #: When it entered its state (seconds, the owner's clock).
+    since: float
+
+
+class Create(NamedTuple):
+    name: str
+    shape: str
+    node: str
+    resources: Resources
+    idle_timeout: float | None
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a tick does: hosts to create, to kill (never placed), to ask to leave if idle."""
+
+    create: list[Create] = field(default_factory=list)
+    kill: list[str] = field(default_factory=list)
+    reclaim: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PoolRules:
+    #: Per (shape, job), the job's latest demand and when it said it.
+    demand: dict[tuple[str, str], tuple[PoolDemand, float]] = field(default_factory=dict)
+    hosts: dict[str, HostRow] = field(default_factory=dict)
+    #: The bundles last asked of the autoscaler.
+    requested: list[dict[str, float]] = field(default_factory=list)
+
+    # -- what jobs say ------------------------------------------------------------------------
+
+    def say(self, job_id: str, demands: list[PoolDemand], now: float) -> dict[str, list[str]]:
+        """A job's demand per shape (a shape it no longer names is dropped); returns the placed
+        hosts of each shape it named."""
+        named = {d.shape for d in demands}
+        for key in [k for k in self.demand if k[1] == job_id and k[0] not in named]:
+            del self.demand[key]
+        for d in demands:
+            self.demand[(d.shape, job_id)] = (d, now)
+        return {shape: self.placed(shape) for shape in named}
+
+    def placed(self, shape: str | None = None) -> list[str]:
+        return sorted(
+            row.name
+            for row in self.hosts.values()
+            if row.state is HostState.PLACED and shape in (None, row.shape)
+        )
+
+    def placed_shapes(self) -> set[str]:
+        return {row.shape for row in self.hosts.values() if row.state is HostState.PLACED}
+
+    def waiting(self, now: float) -> Counter[str]:
+        """Per shape, the steps the jobs hold of it."""
+        steps: Counter[str] = Counter()
+        for (shape, _job), (d, _at) in self._current(now).items():
+            steps[shape] += d.steps
+        return steps
+
+    def _current(self, now: float) -> dict[tuple[str, str], tuple[PoolDemand, float]]:
+        expired = [k for k, (_d, at) in self.demand.items() if now - at > DEMAND_SECONDS]
+        for key in expired:
+            del self.demand[key]
+        return self.demand
+
+    def wanted(self, now: float) -> dict[str, tuple[int, PoolDemand]]:
+        """Per shape in use, the hosts it wants and one of its demands (its resources, and the
+        bounds the most generous job asked for)."""
+        steps: Counter[str] = Counter()
+        spec: dict[str, PoolDemand] = {}
+        for (shape, _job), (d, _at) in self._current(now).items():
+            steps[shape] += d.steps
+            known = spec.get(shape)
+            spec[shape] = d if known is None else _wider(known, d)
+        out: dict[str, tuple[int, PoolDemand]] = {}
+        for shape, d in spec.items():
+            want = max(d.min_hosts, math.ceil(steps[shape] / max(d.credit, 1)))
+            if d.max_hosts is not None:
+                want = min(want, d.max_hosts)
+            out[shape] = (want, d)
+        return out
+
+    # -- what Ray says ------------------------------------------------------------------------
+
+    def seen(self, alive: Mapping[str, bool], now: float) -> None:
+        """The owner's hosts as Ray has them: name -> placed (alive) or not yet; a host not
+        named is gone."""
+        for row in [r for r in self.hosts.values() if r.name not in alive]:
+            # One just created may not be listed yet: it has until PLACE_GRACE.
+            if row.state is HostState.PLACED or now - row.since > PLACE_GRACE:
+                del self.hosts[row.name]
+        for name, is_alive in alive.items():
+            row = self.hosts.get(name)
+            if row is None:
+                row = self.hosts[name] = _row_of(name, now)
+            if is_alive and row.state is not HostState.PLACED:
+                row.state, row.since = HostState.PLACED, now
+
+    def plan(
+        self,
+        total: Mapping[str, Mapping[str, float]],
+        available: Mapping[str, Mapping[str, float]],
+        now: float,
+    ) -> Plan:
+        """Given each alive node's total and available resources (Ray's names), what to do."""
+        plan = Plan()
+        for row in list(self.hosts.values()):
+            if row.state is HostState.CREATED and now - row.since > PLACE_GRACE:
+                plan.kill.append(row.name)
+                del self.hosts[row.name]
+        free = {node: dict(resources) for node, resources in available.items()}
+        for row in self.hosts.values():
+            pending = row.state is HostState.CREATED or now - row.since < RESOURCE_LAG
+            if pending and row.node in free:
+                _take(free[row.node], row.resources)
+        wanted = self.wanted(now)
+        have = Counter(row.shape for row in self.hosts.values())
+        on_node = Counter((row.shape, row.node) for row in self.hosts.values())
+        short = {shape: want - have[shape] for shape, (want, _d) in wanted.items()}
+        # One host per shape in turn, so shapes over the same resources share what is free.
+        while True:
+            made = False
+            for shape in sorted(short):
+                if short[shape] <= 0:
+                    continue
+                d = wanted[shape][1]
+                node = _roomiest(d.resources, free, total, on_node, shape)
+                if node is None:
+                    continue
+                name = self._name(shape, node)
+                self.hosts[name] = HostRow(
+                    name, shape, node, d.resources, HostState.CREATED, now
+                )
+                plan.create.append(Create(name, shape, node, d.resources, d.idle_timeout))
+                _take(free[node], d.resources)
+                on_node[(shape, node)] += 1
+                short[shape] -= 1
+                made = True
+            if not made:
+                break
+        if any(n > 0 for n in short.values()):
+            # A shape that waits takes the place of hosts another shape has beyond its wants.
+            surplus = {
+                shape: have[shape] - wanted.get(shape, (0, None))[0]
+                for shape in have
+                if short.get(shape, 0) <= 0
+            }
+            for row in sorted(self.hosts.values(), key=lambda r: r.name):
+                if row.state is HostState.PLACED and surplus.get(row.shape, 0) > 0:
+                    plan.reclaim.append(row.name)
+                    surplus[row.shape] -= 1
+        return plan
+
+    def request(self, now: float) -> list[dict[str, float]]:
+        """The bundles the autoscaler is asked for: one per wanted host of every shape."""
+        bundles: list[dict[str, float]] = []
+        for _shape, (want, d) in sorted(self.wanted(now).items()):
+            bundle = {RAY_NAMES.get(key, key): amount for key, amount in d.resources}
+            if bundle:
+                bundles.extend(dict(bundle) for _ in range(want))
+        return bundles
+
+    def _name(self, shape: str, node: str) -> str:
+        taken = {row.name for row in self.hosts.values()}
+        index = 0
+        while f"pool/{shape}/{node}/{index}" in taken:
+            index += 1
+        return f"pool/{shape}/{node}/{index}"
+
+
+def _wider(a: PoolDemand, b: PoolDemand) -> PoolDemand:
+    high = None if a.max_hosts is None or b.max_hosts is None else max(a.max_hosts, b.max_hosts)
+    return a._replace(
+        min_hosts=max(a.min_hosts, b.min_hosts), max_hosts=high, credit=min(a.credit, b.credit)
+    )
+
+
+def _row_of(name: str, now: float) -> HostRow:
+    """A host found by name (an earlier owner made it): its shape and node from the name."""
+    _, shape, node, _ = name.split("/")
+    resources: list[tuple[str, float]] = []
+    if shape != "none":
+        for part in shape.split(","):
+            key, _, amount = part.partition("=")
+            resources.append((key, float(amount)))
+    return HostRow(name, shape, node, tuple(resources), HostState.CREATED, now)
+
+
+def _take(free: dict[str, float], resources: Resources) -> None:
+    for key, amount in resources:
+        name = RAY_NAMES.get(key, key)
+        free[name] = free.get(name, 0.0) - amount
+
+
+def _roomiest(
+    resources: Resources,
+    free: Mapping[str, Mapping[str, float]],
+    total: Mapping[str, Mapping[str, float]],
+    on_node: Counter[tuple[str, str]],
+    shape: str,
+) -> str | None:
+    """The node where one more host of the shape fits and that has the fewest of them."""
+    fits = [
+        node
+        for node, left in free.items()
+        if node in total
+        and hosts_fit(resources, left) >= 1
+        and on_node[(shape, node)] < node_cap(total[node])
+    ]
+    return min(fits, key=lambda node: (on_node[(shape, node)], node), default=None)
