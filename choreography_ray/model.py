@@ -215,12 +215,16 @@ def step_key(job_id: str, step_id: str) -> str:
 
 class PoolState(_Record):
     """A pool of step hosts of one resource shape (`JobStep.resources`), as its hosts answer:
-    `hosts` answered, `pending` did not (waiting for resources Ray cannot place yet, or busy
-    past the time asked), `busy` steps are in a perform or batch, `queued` wait in the hosts."""
+    `hosts` answered, `pending` did not (created and not placed by Ray yet, or busy past the
+    time asked), `busy` steps are in a perform or batch, `queued` wait in the hosts, `waiting`
+    steps wait in their jobs for room on the pool's hosts (the demand an autoscaler is asked
+    for, `wanted` hosts in all)."""
 
     shape: str
     hosts: int = 0
     pending: int = 0
     busy: int = 0
     queued: int = 0
+    waiting: int = 0
+    wanted: int = 0
     nodes: tuple[str, ...] = ()

@@ -37,6 +37,7 @@ def pools(
 ) -> None:
     """List the pools of step hosts (one per resource shape of a step type): hosts, hosts
     pending (waiting for resources), steps busy in a perform or batch, steps queued on the hosts,
+    steps waiting in their jobs for room on the pool (the demand),
     and the nodes they run on."""
     from choreography_ray.runtime.pools import list_pools
 
@@ -53,11 +54,11 @@ def pools(
 
 def pools_table(found: Sequence[PoolState]) -> Table:
     table = Table(title="Pools")
-    for column in ("shape", "hosts", "pending", "busy", "queued", "nodes"):
+    for column in ("shape", "hosts", "pending", "busy", "queued", "waiting", "nodes"):
         table.add_column(column, justify="left" if column in ("shape", "nodes") else "right")
     for pool in found:
         nodes = ", ".join(node[:8] for node in pool.nodes)
-        counts = (pool.hosts, pool.pending, pool.busy, pool.queued)
+        counts = (pool.hosts, pool.pending, pool.busy, pool.queued, pool.waiting)
         table.add_row(pool.shape, *map(str, counts), nodes)
     return table
 

@@ -107,6 +107,10 @@ class RayHosts:
     def pool_hosts(self, shape: str) -> list[str] | None:
         return self._pools.get(shape)
 
+    def pool_shapes(self) -> list[str]:
+        """The pools this activation has steps of (or had)."""
+        return list(self._pools)
+
     async def sync_pools(self, job_id: str, demands: list[PoolDemand]) -> None:
         """Tells the pools' owner what the job holds of each pool and learns their placed
         hosts; an owner that does not answer in time leaves what was known (asked again)."""
@@ -256,7 +260,10 @@ class RayHosts:
                         task.get_name(), error)  # fmt: skip
 
     async def release_job(self, job_id: str) -> None:
-        """Every dedicated step actor of the job, also those a lost activation left behind."""
+        """Every dedicated step actor of the job, also those a lost activation left behind;
+        the job's demand on the pools is withdrawn."""
+        if self._pools:
+            await self.sync_pools(job_id, [])
         for name in await asyncio.to_thread(self._named, step_actor_name(job_id, "")):
             with contextlib.suppress(Exception):
                 ray.kill(ray.get_actor(name, namespace=self._namespace), no_restart=True)

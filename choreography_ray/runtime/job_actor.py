@@ -155,7 +155,7 @@ class JobActor:
 
     async def pools(self) -> list[PoolState]:
         """The pools this activation placed steps on, as their hosts answer now."""
-        return await asyncio.to_thread(list_pools, self.namespace, list(self.hosts.pools))
+        return await asyncio.to_thread(list_pools, self.namespace, self.hosts.pool_shapes())
 
     async def ping(self) -> None:
         """Answers once the actor is up (a spare's manager waits for it)."""

@@ -1,6 +1,7 @@
 """What the pools' hosts run now (`Jobs.pools`, `choreography-ray pools`, `jobs show`): each
-host of each pool is asked once, all at the same time; one that does not answer within
-`ANSWER_SECONDS` counts as pending. A blocking call to Ray."""
+host of each pool is asked once, all at the same time, and the pools' owner for the steps the
+jobs hold back; a host that does not answer within `ANSWER_SECONDS` counts as pending. A
+blocking call to Ray."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import ray
 from ray.util import metrics as ray_metrics
 
 from choreography_ray.model import PoolState
-from choreography_ray.runtime.names import pool_prefix
+from choreography_ray.runtime.names import POOLS, pool_prefix
 
 if TYPE_CHECKING:
     from choreography_ray.runtime.step_host import StepHostCore
@@ -46,9 +47,18 @@ def list_pools(namespace: str, shapes: Collection[str] | None = None) -> list[Po
             asked[name] = ray.get_actor(name, namespace=namespace).describe.remote()
         except ValueError:  # gone since it was listed
             continue
-    done, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=ANSWER_SECONDS)
+    owner = _owner(namespace)
+    done, _ = ray.wait(
+        [*asked.values(), *owner], num_returns=len(asked) + len(owner), timeout=ANSWER_SECONDS
+    )
     answered = set(done)
     pools: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for ref in owner:
+        if ref in answered:
+            for shape, said in ray.get(ref).items():
+                if shapes is None or shape in shapes:
+                    pools[shape]["waiting"] = said.get("waiting", 0)
+                    pools[shape]["wanted"] = said.get("wanted", 0)
     nodes: dict[str, set[str]] = defaultdict(set)
     for name, ref in asked.items():
         _, shape, node, _ = name.split("/")
@@ -69,6 +79,14 @@ def list_pools(namespace: str, shapes: Collection[str] | None = None) -> list[Po
         PoolState(shape=shape, nodes=tuple(sorted(nodes[shape])), **counts)
         for shape, counts in sorted(pools.items())
     ]
+
+
+def _owner(namespace: str) -> list[Any]:
+    """The pools' owner's answer to `describe`, when the namespace has an owner."""
+    try:
+        return [ray.get_actor(POOLS, namespace=namespace).describe.remote()]
+    except ValueError:
+        return []
 
 
 async def record_pool_gauges(shape: str, host: StepHostCore) -> None:

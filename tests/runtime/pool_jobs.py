@@ -103,12 +103,29 @@ class ElasticStep(cr.JobStep[Doc]):
         return [cr.StepResult.succeeded() for _ in requests]
 
 
+class UnplaceableStep(cr.JobStep[Doc]):
+    """A GPU step that also needs a resource no node of the cluster has: Ray places no host."""
+
+    resources = {"num_gpus": 1, "widget": 1}
+
+    async def perform(self, request: Doc, context: cr.StepContext) -> cr.StepResult:
+        raise AssertionError("an unplaceable step ran")
+
+
+class SecondShapeStep(EmbedStep):
+    """A second shape over the same GPUs as `EmbedStep`'s (1 GPU and 1 MB of memory each)."""
+
+    resources = {"num_gpus": 1, "memory": 1_000_000}
+
+
 STEP_TYPES = {
     "elastic": ElasticStep,
     "embed": EmbedStep,
     "failing-setup": FailingSetupEmbedStep,
     "called": CalledStep,
     "rated": RatedStep,
+    "unplaceable": UnplaceableStep,
+    "second-shape": SecondShapeStep,
 }
 
 
