@@ -190,10 +190,11 @@ class JobStep(Generic[RequestT]):
     steps on a pool of hosts of that shape, `pool/{shape}/{node}/{n}`, each reserving them:
     as many as the cluster can place beside everything else and the jobs' waiting steps need,
     at least `min_hosts` while the pool is in use and at most `max_hosts` (None: as many as
-    fit, and per node at most its CPUs or GPUs, whichever is more). A host makes one instance of the type, calls
-    `setup` once before its first step (again on the next steps when it raised), and runs at
-    most `concurrency` performs (or batches) of the type at once. A type without `resources`
-    that overrides `setup` or `perform_batch` gets the same on the shared hosts.
+    fit, and per node at most its CPUs or GPUs, whichever is more, for a custom resource).
+    A host makes one instance of the type, calls `setup` once before its first step (again on
+    the next steps when it raised), and runs at most `concurrency` performs (or batches) of
+    the type at once. A type without `resources` that overrides `setup` or `perform_batch` gets
+    the same on the shared hosts.
     `max_concurrent` and `max_per_second` limit the type's steps over every job and host of
     the cluster (docs/pools.md).
     """

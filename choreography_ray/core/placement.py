@@ -17,10 +17,11 @@ SMALLEST = 0.0001
 
 
 #: A pool's host holds this many rounds of its type's work for each job (`Placement.credit`):
-#: one running, the next waiting, and one on its way, so it never idles while the job refills it.
-ROUNDS_PER_HOST = 3
+#: enough that it never idles while the job refills it (a round trip of outcome write, report,
+#: start and RUNNING write, tens of milliseconds) even when a round takes a few milliseconds.
+ROUNDS_PER_HOST = 8
 #: ... and at least this many steps, so short unbatched steps do not wait for the refill.
-MIN_CREDIT = 16
+MIN_CREDIT = 32
 
 
 class Placement(NamedTuple):

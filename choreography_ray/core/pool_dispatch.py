@@ -24,8 +24,10 @@ from choreography_ray.core.pool_rules import PoolDemand
 if TYPE_CHECKING:
     from choreography_ray.core.job import JobCore
 
-#: Seconds between two syncs with the pools' owner while the job holds steps of a pool.
+#: Seconds between two syncs with the pools' owner while the job holds steps of a pool ...
 SYNC_SECONDS = 1.0
+#: ... and while a pool it holds steps of has no placed host yet.
+SYNC_SOON_SECONDS = 0.2
 
 
 def room_for(a: JobCore, placement_of: Callable[[str], Placement]) -> Callable[[str], float]:
@@ -109,4 +111,5 @@ async def sync(a: JobCore) -> None:
         return
     await a.hosts.sync_pools(a.job_id, said)
     if any(d.steps for d in said):
-        a.timers.arm("pools", SYNC_SECONDS)
+        hostless = any(d.steps and not a.hosts.pool_hosts(d.shape) for d in said)
+        a.timers.arm("pools", SYNC_SOON_SECONDS if hostless else SYNC_SECONDS)

@@ -111,6 +111,10 @@ class PoolRules:
             if row.state is HostState.PLACED and shape in (None, row.shape)
         )
 
+    def unplaced(self) -> bool:
+        """Whether a host created here is not placed yet."""
+        return any(row.state is HostState.CREATED for row in self.hosts.values())
+
     def placed_shapes(self) -> set[str]:
         return {row.shape for row in self.hosts.values() if row.state is HostState.PLACED}
 
@@ -154,9 +158,9 @@ class PoolRules:
             if row.state is HostState.PLACED or now - row.since > PLACE_GRACE:
                 del self.hosts[row.name]
         for name, is_alive in alive.items():
-            row = self.hosts.get(name)
-            if row is None:
-                row = self.hosts[name] = _row_of(name, now)
+            if name not in self.hosts:
+                self.hosts[name] = _row_of(name, now)
+            row = self.hosts[name]
             if is_alive and row.state is not HostState.PLACED:
                 row.state, row.since = HostState.PLACED, now
 
@@ -192,9 +196,7 @@ class PoolRules:
                 if node is None:
                     continue
                 name = self._name(shape, node)
-                self.hosts[name] = HostRow(
-                    name, shape, node, d.resources, HostState.CREATED, now
-                )
+                self.hosts[name] = HostRow(name, shape, node, d.resources, HostState.CREATED, now)
                 plan.create.append(Create(name, shape, node, d.resources, d.idle_timeout))
                 _take(free[node], d.resources)
                 on_node[(shape, node)] += 1

@@ -234,7 +234,9 @@ class Window:
             if run is not None and run.state is RunState.ACTIVE:
                 self._move(run, RunState.OWNER_LOST)
 
-    def next_batch(self, room_for: Callable[[str], float] = lambda _type: math.inf) -> list[StepStart]:
+    def next_batch(
+        self, room_for: Callable[[str], float] = lambda _type: math.inf
+    ) -> list[StepStart]:
         """The next steps to start, as the window, the throttle and `room_for` (step type ->
         how many of its steps the hosts take now) allow (empty: none now): STARTING from now
         on, on no host yet (`started` names it). The types' lines take turns in order."""

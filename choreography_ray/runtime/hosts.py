@@ -117,9 +117,7 @@ class RayHosts:
         try:
             if self._owner is None:
                 capacity = self._options.step_host_capacity
-                self._owner = await asyncio.to_thread(
-                    pool_owner_actor, self._namespace, capacity
-                )
+                self._owner = await asyncio.to_thread(pool_owner_actor, self._namespace, capacity)
             async with asyncio.timeout(CONTROL_SECONDS):
                 answer = await self._owner.sync.remote(job_id, demands)
         except (TimeoutError, ray.exceptions.RayError) as error:

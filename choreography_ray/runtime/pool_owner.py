@@ -27,8 +27,10 @@ from choreography_ray.runtime.names import actor_options, pool_prefix
 
 log = get_logger(__name__)
 
-#: Seconds between two ticks while any pool is in use (has demand or hosts).
+#: Seconds between two ticks while any pool is in use (has demand or hosts) ...
 TICK_SECONDS = 1.0
+#: ... and while a host it created is not placed yet.
+TICK_SOON_SECONDS = 0.2
 #: Seconds a host has to answer `leave_if_idle`.
 ASK_SECONDS = 5.0
 
@@ -92,8 +94,9 @@ class PoolOwner:
                 log.exception("the pools' tick failed; again in %g s", TICK_SECONDS)
             self._read.set()
             busy = bool(self.rules.demand or self.rules.hosts)
+            every = TICK_SOON_SECONDS if self.rules.unplaced() else TICK_SECONDS
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TICK_SECONDS if busy else 30 * TICK_SECONDS):
+                async with asyncio.timeout(every if busy else 30 * TICK_SECONDS):
                     await self._wake.wait()
             self._wake.clear()
 
@@ -149,7 +152,7 @@ class PoolOwner:
         total = alive_node_resources()
         available = {
             node: resources
-            for node, resources in state.available_resources_per_node().items()
+            for node, resources in state.available_resources_per_node().items()  # type: ignore[no-untyped-call]
             if node in total
         }
         return names, alive, total, available

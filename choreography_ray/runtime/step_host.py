@@ -80,6 +80,8 @@ UNASKED_CANCEL = "perform raised CancelledError without being stopped"
 PERSIST_RETRY = Backoff(1.0, 30.0)
 #: Seconds a fence holds a job's outcome writes when the job never lifts it (it was lost).
 FENCE_SECONDS = 60.0
+#: Seconds a new pool host that has held nothing stays at least, whatever its idle timeout.
+UNUSED_SECONDS = 10.0
 #: How many jobs' newest activation epochs a host keeps (`StepHostCore.epochs`).
 EPOCHS_KEPT = 10_000
 
@@ -581,8 +583,10 @@ class StepHostCore:
         self, idle_seconds: float, leave: Callable[[], Awaitable[None]]
     ) -> None:
         """Calls `leave` once the host has held nothing (no step, start or job task) for
-        `idle_seconds`, refusing starts from then on; checked every quarter of it."""
-        idle_since: float | None = None
+        `idle_seconds`, refusing starts from then on; checked every quarter of it. A host that
+        has held nothing yet waits at least UNUSED_SECONDS: the jobs learn of a new host from
+        the pools' owner about a second after it is placed."""
+        idle_since: float | None = time.monotonic() + max(0.0, UNUSED_SECONDS - idle_seconds)
         while True:
             await asyncio.sleep(max(idle_seconds / 4, 0.05))
             if self.holds:

@@ -1,6 +1,7 @@
-"""Elastic pools on real multi-node Ray (`ray.cluster_utils.Cluster`): a pool no node fits waits
-as a pending actor (demand an autoscaler sees), grows onto GPU nodes that join, and loses the
-hosts of a node removed mid-job, whose steps run again elsewhere and count once.
+"""Elastic pools on real multi-node Ray (`ray.cluster_utils.Cluster`): a pool no node fits makes
+no host and its steps wait in their job (the demand an autoscaler is asked for), it grows onto
+GPU nodes that join, each taking part of the backlog, and loses the hosts of a node removed
+mid-job, whose steps run again elsewhere and count once.
 
 The scenario is a script run in a subprocess with its own Cluster (it cannot share the session
 Ray of `conftest.py`), as in `test_recovery_cluster.py`.
@@ -19,7 +20,7 @@ from tests.runtime.test_recovery_cluster import run_scenario
 from tests.support import read_trace
 
 ELASTIC = """
-import json, signal, sys, threading, time
+import json, signal, sys, time
 
 import ray
 from ray.cluster_utils import Cluster
@@ -67,28 +68,24 @@ def ran_on(node):
 
 try:
     ray.init(address=cluster.address, namespace="elastic", logging_level="WARNING")
-    # Steps go to the hosts 16 at a time, in start batches of 8: the job keeps the rest, so
-    # hosts that join get their share.
-    options = cr.JobsOptions(job_watchdog_interval=0.5, max_active_steps_per_job=16,
-                             step_batch_size=8, pool_idle_timeout=2, reconciliation_interval=0)
+    # The job keeps the steps its pool's hosts have no room for, so hosts that join take
+    # part of the backlog.
+    options = cr.JobsOptions(job_watchdog_interval=0.5, step_batch_size=8,
+                             pool_idle_timeout=2, reconciliation_interval=0)
     jobs = cr.Jobs.connect(storage=storage, options=options, namespace="elastic")
     manager = jobs.manager(scope, "elastic")
-    # `start` answers once its first steps are on hosts: here, once a GPU node joins.
-    answer = {}
-    starting = threading.Thread(target=lambda: answer.update(job=manager.start(
-        EmbedJob, EmbedRequest(count=STEPS, log=log, step_type="elastic"))), daemon=True)
-    starting.start()
-    wait_until(lambda: any(name.endswith("/pending/0") for name in pool_actors()),
-               "the pending pool host")
+    # `start` answers once the job is RUNNING, though no node can hold a host of its pool.
+    job = manager.start(EmbedJob, EmbedRequest(count=STEPS, log=log, step_type="elastic"))
+    started_status = manager.get(job.job_id).status
+    wait_until(lambda: any(p.waiting == STEPS for p in jobs.pools()), "the pool's demand shown")
     time.sleep(1.0)
     pending = pool_actors()
+    shown = [p.model_dump() for p in jobs.pools()]
     (listed,) = manager.list()
     progress_before = listed.progress.successful_steps
 
     first = cluster.add_node(num_cpus=1, num_gpus=2)
     wait_until(lambda: ran_on(first.node_id), "a batch on the first GPU node")
-    starting.join(timeout=30)
-    job = answer["job"]
     second = cluster.add_node(num_cpus=1, num_gpus=2)
     joined_at = time.time()
     wait_until(lambda: ran_on(second.node_id), "a batch on the second GPU node")
@@ -101,7 +98,8 @@ try:
     state = manager.wait(job.job_id, timeout=120)
     print(json.dumps({
         "status": state.status, "progress": state.progress.model_dump(), "steps": STEPS,
-        "pending": pending, "progress_before": progress_before,
+        "pending": pending, "progress_before": progress_before, "shown": shown,
+        "started_status": started_status,
         "first": first.node_id, "second": second.node_id, "removed_at": removed_at,
         "grew_in": grew_in, "pools": pool_actors(),
     }), flush=True)
@@ -123,9 +121,11 @@ def test_elastic_pool__waits_for_gpus_grows_onto_joining_nodes_and_survives_a_re
 
     result = run_scenario(ELASTIC, storage, str(log), scope, timeout=200)
 
-    # No node had a GPU: the pool's one host waited as a pending actor (an autoscaler's
-    # demand), and no step ran.
-    assert [state for name, (state, _) in result["pending"].items()] == ["PENDING_CREATION"]
+    # No node had a GPU: the job ran (start answered), its steps waited in it as the pool's
+    # demand, no host was made that Ray could not place, and no step ran.
+    assert result["started_status"] == cr.JobStatus.RUNNING
+    assert result["pending"] == {}
+    assert [(p["hosts"], p["waiting"]) for p in result["shown"]] == [(0, result["steps"])]
     assert result["progress_before"] == 0
     # Then every step counted exactly once.
     assert result["status"] == cr.JobStatus.COMPLETED_SUCCESSFULLY
@@ -140,6 +140,8 @@ def test_elastic_pool__waits_for_gpus_grows_onto_joining_nodes_and_survives_a_re
     hosts = {e["actor"] for e in events if e["node"] == second}
     assert hosts <= {f"pool/num_gpus=1/{second}/0", f"pool/num_gpus=1/{second}/1"}
     assert {e["node"] for e in events} == {first, second}
+    # The node that joined second took part of the backlog the job held.
+    assert sum(len(e["ns"]) for e in events if e["event"] == "end" and e["node"] == second) > 48
     # The batches cut short by the removal ran again on the node that stayed.
     cut_short = {
         n

@@ -11,10 +11,10 @@ from pydantic import BaseModel
 
 from choreography_ray import JobStep
 from choreography_ray.core.placement import (
-    SHARED,
-    Placement,
     MIN_CREDIT,
     ROUNDS_PER_HOST,
+    SHARED,
+    Placement,
     actor_resources,
     hosts_fit,
     is_batched,
