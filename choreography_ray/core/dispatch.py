@@ -82,8 +82,8 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
                 answers.append(a.send(host, share))
         if cannot:
             await cannot_start(a, cannot)
-    if any(a.placements[t].shape for t in a.window.queued_types() if t in a.placements):
-        a.timers.arm("pools", pool_dispatch.SYNC_SECONDS)  # they wait for room on the pools
+    if any(d.steps for d in pool_dispatch.demands(a)):
+        a.timers.arm("pools", pool_dispatch.SYNC_SECONDS)  # the owner learns what the job holds
     return answers
 
 

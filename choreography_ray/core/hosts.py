@@ -22,6 +22,9 @@ class Hosts(Protocol):
     def pool_hosts(self, shape: str) -> list[str] | None:
         """The pool's hosts Ray has placed, as last learned (None: not asked yet)."""
 
+    def pool_growing(self, shape: str) -> bool:
+        """Whether the pool has hosts on their way (created, not placed yet), as last learned."""
+
     async def sync_pools(self, job_id: str, demands: list[PoolDemand]) -> None:
         """Tells the pools' owner what the job holds of each pool (`PoolDemand`) and learns
         the placed hosts of each; an owner that does not answer in time leaves what was

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from choreography_ray.core.messages import StepStart
-from choreography_ray.core.placement import Placement
+from choreography_ray.core.placement import ROUNDS_PER_HOST, Placement
 from choreography_ray.core.pool_rules import PoolDemand
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 #: Seconds between two syncs with the pools' owner while the job holds steps of a pool ...
 SYNC_SECONDS = 1.0
-#: ... and while a pool it holds steps of has no placed host yet.
+#: ... and while steps wait for a pool that has no placed host yet, or hosts on their way.
 SYNC_SOON_SECONDS = 0.2
 
 
@@ -45,7 +45,7 @@ def room_for(a: JobCore, placement_of: Callable[[str], Placement]) -> Callable[[
             return math.inf
         if where.shape not in left:
             hosts = a.hosts.pool_hosts(where.shape)
-            if hosts is None:
+            if hosts is None and not a.timers.armed("pools"):
                 a.timers.arm("pools", 0.0)  # not asked yet
             left[where.shape] = sum(free(a, where, hosts or ()).values())
         room, left[where.shape] = left[where.shape], 0
@@ -62,18 +62,23 @@ def free(a: JobCore, where: Placement, hosts: tuple[str, ...] | list[str]) -> di
 def share_out(
     a: JobCore, where: Placement, starts: list[StepStart]
 ) -> tuple[list[tuple[str, list[StepStart]]], list[StepStart]]:
-    """The pool's steps per host, the host with the most room first, each up to its room;
-    and those no host has room for."""
+    """The pool's steps per host, a round (`credit / ROUNDS_PER_HOST` steps) at a time to the
+    host with the most room left, so a small job spreads over the hosts and a host that joins
+    fills first; and the steps no host has room for."""
     assert where.shape is not None
     room = free(a, where, a.hosts.pool_hosts(where.shape) or ())
-    shares: list[tuple[str, list[StepStart]]] = []
+    chunk = max(1, where.credit // ROUNDS_PER_HOST)
+    shares: dict[str, list[StepStart]] = {}
     begin = 0
-    for host, n in sorted(room.items(), key=lambda item: (-item[1], item[0])):
-        if begin >= len(starts) or n <= 0:
+    while begin < len(starts):
+        host = max(room, key=lambda h: (room[h], h), default=None)
+        if host is None or room[host] <= 0:
             break
-        shares.append((host, starts[begin : begin + n]))
+        n = min(chunk, room[host], len(starts) - begin)
+        shares.setdefault(host, []).extend(starts[begin : begin + n])
+        room[host] -= n
         begin += n
-    return shares, starts[begin:]
+    return list(shares.items()), starts[begin:]
 
 
 def demands(a: JobCore) -> list[PoolDemand]:
@@ -98,6 +103,7 @@ def demands(a: JobCore) -> list[PoolDemand]:
                 where.min_hosts,
                 where.max_hosts,
                 None if idle is None else idle.total_seconds(),
+                waiting=steps[shape],
             )
         )
     return out
@@ -111,5 +117,8 @@ async def sync(a: JobCore) -> None:
         return
     await a.hosts.sync_pools(a.job_id, said)
     if any(d.steps for d in said):
-        hostless = any(d.steps and not a.hosts.pool_hosts(d.shape) for d in said)
-        a.timers.arm("pools", SYNC_SOON_SECONDS if hostless else SYNC_SECONDS)
+        soon = any(
+            d.waiting and (not a.hosts.pool_hosts(d.shape) or a.hosts.pool_growing(d.shape))
+            for d in said
+        )
+        a.timers.arm("pools", SYNC_SOON_SECONDS if soon else SYNC_SECONDS)

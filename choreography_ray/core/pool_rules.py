@@ -39,7 +39,8 @@ Resources = tuple[tuple[str, float], ...]
 
 
 class PoolDemand(NamedTuple):
-    """What one job holds of one pool: `steps` queued for room or on its hosts."""
+    """What one job holds of one pool: `steps` waiting in the job for room or on its hosts,
+    `waiting` of them in the job."""
 
     shape: str
     resources: Resources
@@ -49,6 +50,7 @@ class PoolDemand(NamedTuple):
     max_hosts: int | None = None
     #: Seconds a host of the pool may idle before it leaves (None: it stays).
     idle_timeout: float | None = None
+    waiting: int = 0
 
 
 class HostState(enum.StrEnum):
@@ -91,18 +93,24 @@ class PoolRules:
     hosts: dict[str, HostRow] = field(default_factory=dict)
     #: The bundles last asked of the autoscaler.
     requested: list[dict[str, float]] = field(default_factory=list)
+    #: Plans made: the shape that creates first turns with it.
+    turn: int = 0
 
     # -- what jobs say ------------------------------------------------------------------------
 
-    def say(self, job_id: str, demands: list[PoolDemand], now: float) -> dict[str, list[str]]:
-        """A job's demand per shape (a shape it no longer names is dropped); returns the placed
-        hosts of each shape it named."""
+    def say(
+        self, job_id: str, demands: list[PoolDemand], now: float
+    ) -> dict[str, tuple[list[str], int]]:
+        """A job's demand per shape (a shape it no longer names is dropped); returns, for each
+        shape it named, the placed hosts and how many more are on their way (created, not
+        placed yet)."""
         named = {d.shape for d in demands}
         for key in [k for k in self.demand if k[1] == job_id and k[0] not in named]:
             del self.demand[key]
         for d in demands:
             self.demand[(d.shape, job_id)] = (d, now)
-        return {shape: self.placed(shape) for shape in named}
+        coming = Counter(r.shape for r in self.hosts.values() if r.state is HostState.CREATED)
+        return {shape: (self.placed(shape), coming[shape]) for shape in named}
 
     def placed(self, shape: str | None = None) -> list[str]:
         return sorted(
@@ -119,10 +127,10 @@ class PoolRules:
         return {row.shape for row in self.hosts.values() if row.state is HostState.PLACED}
 
     def waiting(self, now: float) -> Counter[str]:
-        """Per shape, the steps the jobs hold of it."""
+        """Per shape, the steps waiting in the jobs for room on its hosts."""
         steps: Counter[str] = Counter()
         for (shape, _job), (d, _at) in self._current(now).items():
-            steps[shape] += d.steps
+            steps[shape] += d.waiting
         return steps
 
     def _current(self, now: float) -> dict[tuple[str, str], tuple[PoolDemand, float]]:
@@ -159,10 +167,17 @@ class PoolRules:
                 del self.hosts[row.name]
         for name, is_alive in alive.items():
             if name not in self.hosts:
-                self.hosts[name] = _row_of(name, now)
+                found = _row_of(name, now)
+                if found is None:
+                    continue  # not a name the owner makes
+                self.hosts[name] = found
             row = self.hosts[name]
             if is_alive and row.state is not HostState.PLACED:
                 row.state, row.since = HostState.PLACED, now
+            elif not is_alive and row.state is HostState.PLACED:
+                # Restarting, or its node is gone: no steps until it is back, and killed if it
+                # is not back within PLACE_GRACE.
+                row.state, row.since = HostState.CREATED, now
 
     def plan(
         self,
@@ -172,6 +187,7 @@ class PoolRules:
     ) -> Plan:
         """Given each alive node's total and available resources (Ray's names), what to do."""
         plan = Plan()
+        self.turn += 1
         for row in list(self.hosts.values()):
             if row.state is HostState.CREATED and now - row.since > PLACE_GRACE:
                 plan.kill.append(row.name)
@@ -185,17 +201,20 @@ class PoolRules:
         have = Counter(row.shape for row in self.hosts.values())
         on_node = Counter((row.shape, row.node) for row in self.hosts.values())
         short = {shape: want - have[shape] for shape, (want, _d) in wanted.items()}
-        # One host per shape in turn, so shapes over the same resources share what is free.
+        # One host per shape in turn, from a shape that changes each tick, so shapes over the
+        # same resources share what is free.
+        order = sorted(short)
+        order = order[self.turn % len(order) :] + order[: self.turn % len(order)] if order else []
         while True:
             made = False
-            for shape in sorted(short):
+            for shape in order:
                 if short[shape] <= 0:
                     continue
                 d = wanted[shape][1]
                 node = _roomiest(d.resources, free, total, on_node, shape)
                 if node is None:
                     continue
-                name = self._name(shape, node)
+                name = self._name(shape, node, set(plan.kill))
                 self.hosts[name] = HostRow(name, shape, node, d.resources, HostState.CREATED, now)
                 plan.create.append(Create(name, shape, node, d.resources, d.idle_timeout))
                 _take(free[node], d.resources)
@@ -226,8 +245,9 @@ class PoolRules:
                 bundles.extend(dict(bundle) for _ in range(want))
         return bundles
 
-    def _name(self, shape: str, node: str) -> str:
-        taken = {row.name for row in self.hosts.values()}
+    def _name(self, shape: str, node: str, killed: set[str]) -> str:
+        """The first free name; a host killed in the same plan may still be there."""
+        taken = {row.name for row in self.hosts.values()} | killed
         index = 0
         while f"pool/{shape}/{node}/{index}" in taken:
             index += 1
@@ -241,14 +261,21 @@ def _wider(a: PoolDemand, b: PoolDemand) -> PoolDemand:
     )
 
 
-def _row_of(name: str, now: float) -> HostRow:
-    """A host found by name (an earlier owner made it): its shape and node from the name."""
-    _, shape, node, _ = name.split("/")
-    resources: list[tuple[str, float]] = []
-    if shape != "none":
-        for part in shape.split(","):
-            key, _, amount = part.partition("=")
-            resources.append((key, float(amount)))
+def _row_of(name: str, now: float) -> HostRow | None:
+    """A host found by name (an earlier owner made it): its shape and node from the name;
+    None for a name that is not `pool/{shape}/{node}/{n}`."""
+    try:
+        _, shape, node, _ = name.split("/")
+        resources = (
+            []
+            if shape == "none"
+            else [
+                (key, float(amount))
+                for key, _, amount in (p.partition("=") for p in shape.split(","))
+            ]
+        )
+    except ValueError:
+        return None
     return HostRow(name, shape, node, tuple(resources), HostState.CREATED, now)
 
 

@@ -53,6 +53,8 @@ class RayHosts:
         self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
         #: Per shape, the placed hosts of its pool as the pools' owner last named them.
         self._pools: dict[str, list[str]] = {}
+        #: Per shape, how many hosts the owner has created and Ray not placed yet.
+        self._coming: dict[str, int] = {}
         self._owner: Any = None
         #: Per job, the hosts its last fenced `running` asked: they lift the fence.
         self._fenced: dict[str, list[str]] = {}
@@ -107,6 +109,9 @@ class RayHosts:
     def pool_hosts(self, shape: str) -> list[str] | None:
         return self._pools.get(shape)
 
+    def pool_growing(self, shape: str) -> bool:
+        return self._coming.get(shape, 0) > 0
+
     def pool_shapes(self) -> list[str]:
         """The pools this activation has steps of (or had)."""
         return list(self._pools)
@@ -124,8 +129,9 @@ class RayHosts:
             log.warning("job %s: the pools' owner did not answer (%s); asked again soon",
                         job_id, error)  # fmt: skip
             return
-        for shape, hosts in answer.items():
+        for shape, (hosts, coming) in answer.items():
             self._pools[shape] = [name for name, _handle in hosts]
+            self._coming[shape] = coming
             self.handles.update(hosts)
 
     async def start(

@@ -54,13 +54,14 @@ class PoolOwner:
 
     async def sync(
         self, job_id: str, demands: list[PoolDemand]
-    ) -> dict[str, list[tuple[str, Any]]]:
-        """The job's demand per shape; the placed hosts (name, handle) of each shape it named."""
+    ) -> dict[str, tuple[list[tuple[str, Any]], int]]:
+        """The job's demand per shape; for each shape it named, the placed hosts (name,
+        handle) and how many more are on their way."""
         async with self._turn:
             if any(d.shape not in self.rules.placed_shapes() for d in demands if d.steps):
                 self._wake.set()  # a shape without hosts yet: tick now
-            placed = self.rules.say(job_id, demands, time.monotonic())
-            return {shape: self._named(names) for shape, names in placed.items()}
+            said = self.rules.say(job_id, demands, time.monotonic())
+            return {shape: (self._named(names), coming) for shape, (names, coming) in said.items()}
 
     async def placed(self) -> list[tuple[str, Any]]:
         """Every placed host of every pool, once a tick has read Ray (the caller bounds it)."""
@@ -68,7 +69,7 @@ class PoolOwner:
         return self._named(self.rules.placed())
 
     async def describe(self) -> dict[str, dict[str, int]]:
-        """Per shape: `waiting` steps the jobs hold, `wanted` hosts, `unplaced` hosts."""
+        """Per shape: `waiting` steps the jobs hold back, `wanted` hosts, `unplaced` hosts."""
         now = time.monotonic()
         shapes: dict[str, dict[str, int]] = {}
         for shape, steps in self.rules.waiting(now).items():

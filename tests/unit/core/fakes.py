@@ -149,6 +149,9 @@ class FakeHosts:
         hosts = self.pools.get(shape, self.shared)
         return [h for h in hosts if h not in self.dead]
 
+    def pool_growing(self, shape: str) -> bool:
+        return False
+
     async def sync_pools(self, job_id: str, demands: list[PoolDemand]) -> None:
         self.synced.append((job_id, list(demands)))
 
