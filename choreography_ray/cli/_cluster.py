@@ -1,4 +1,5 @@
-"""Joining the Ray cluster, and finding the running actors the acting commands go through.
+"""Joining the Ray cluster, and finding the running actors the acting commands (and the pools
+readings) go through.
 
 `ray.init` on an address nobody answers at retries for minutes, so an explicit `host:port` (or
 `ray://host:port`) address is tried with a plain TCP connection first: an unreachable cluster
@@ -22,11 +23,14 @@ from typing import Any
 from choreography_ray.cli._command import actor_log_env
 from choreography_ray.cli._common import ExitCode, fail, flags, log
 from choreography_ray.client import AsyncJobsManager
-from choreography_ray.runtime.names import manager_name
+from choreography_ray.model import PoolState
+from choreography_ray.runtime.names import job_name, manager_name
 from choreography_ray.storage import redact_url
 
 #: How long an explicit address may take to accept a TCP connection, in seconds.
 CONNECT_SECONDS = 5.0
+#: Seconds a job actor has to say which pools it uses.
+ANSWER_SECONDS = 10.0
 
 
 def required_address(address: str | None, what: str) -> str:
@@ -122,3 +126,16 @@ async def running_manager(
         fail(f"the jobs manager {name} runs on {redact_url(running['storage'])}, not on "
              f"{redact_url(storage_url)}: give its --storage")  # fmt: skip
     return manager
+
+
+def job_pools(job_id: str, address: str, ray_namespace: str) -> list[PoolState] | None:
+    """The pools a running job's activation placed steps on; None when its actor is gone."""
+    import ray
+
+    with joined(address, ray_namespace):
+        try:
+            actor = ray.get_actor(job_name(job_id), namespace=ray_namespace)
+            found: list[PoolState] = ray.get(actor.pools.remote(), timeout=ANSWER_SECONDS)
+        except (ValueError, ray.exceptions.RayError):
+            return None
+    return found

@@ -1,5 +1,5 @@
-"""What the command groups share: exit codes, the storage option, consoles, JSON output, and
-the one-line errors (a traceback only with `--debug`: see `_command.py`)."""
+"""What the command groups share: exit codes, consoles, JSON output, reading one stored job,
+and the one-line errors (a traceback only with `--debug`: see `_command.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -71,40 +71,9 @@ class GlobalFlags:
 flags = GlobalFlags()
 
 
-StorageOption = Annotated[
-    str | None,
-    typer.Option(
-        "--storage",
-        help="Storage URL: sqlite:///path.db, mongodb://host/db or memory://.",
-        show_default="$CHOREOGRAPHY_STORAGE, else ~/.local/share/choreography-ray/jobs.db",
-    ),
-]
-
-
-AddressOption = Annotated[
-    str | None,
-    typer.Option(
-        "--address",
-        help="The Ray cluster to join, as ray.init takes it ('local' starts a new one).",
-        show_default="$RAY_ADDRESS (ray job submit sets it), else a running local cluster, "
-        "else a new local Ray",
-    ),
-]
-
-
 def resolve_storage(url: str | None) -> str:
     """The storage URL the actors get (see `resolve_storage_url`)."""
     return resolve_storage_url(url)
-
-
-ScopeFilter = Annotated[
-    str | None, typer.Option("--scope", help="Only this scope.", show_default="every scope")
-]
-NamespaceFilter = Annotated[
-    str | None,
-    typer.Option("--namespace", help="Only this namespace.", show_default="every namespace"),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
 def check_storage(url: str) -> None:
@@ -197,3 +166,23 @@ def exit_code_for(status: JobStatus) -> ExitCode:
     return (
         ExitCode.OK if status is JobStatus.COMPLETED_SUCCESSFULLY else ExitCode.JOB_NOT_SUCCESSFUL
     )
+
+
+async def read_job(
+    store: Storage, job_id: str, scope: str | None, namespace: str | None
+) -> JobState | None:
+    """The stored job, or None when there is none in `scope`/`namespace` (when given)."""
+    state = await store.get_job(job_id)
+    if (
+        state is None
+        or scope not in (None, state.scope)
+        or namespace not in (None, state.namespace)
+    ):
+        return None
+    return state
+
+
+def where(store: Storage, scope: str | None, namespace: str | None) -> str:
+    """The storage (and the scope/namespace asked for) a job was looked for in."""
+    asked = "/".join(filter(None, (scope, namespace)))
+    return f"{store.url}" + (f" ({asked})" if asked else "")

@@ -1,4 +1,5 @@
-"""Rich renderings of job and step state, shared by `demo`, `run` and the `jobs` commands."""
+"""Rich renderings of job, step and pool state, shared by `demo`, `run`, `pools` and the `jobs`
+commands."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from choreography_ray.core.stopping import settled
-from choreography_ray.model import JobState, StepState, utcnow
+from choreography_ray.model import JobState, PoolState, StepState, utcnow
 from choreography_ray.status import JobStageFailureBehavior, JobStatus, StepStatus
 
 #: How many failed steps' messages a command shows.
@@ -192,4 +193,17 @@ def jobs_table(states: Sequence[JobState]) -> Table:
             f"{state.scope}/{state.namespace}",
             state.created.strftime("%Y-%m-%d %H:%M"),
         )
+    return table
+
+
+def pools_table(found: Sequence[PoolState]) -> Table:
+    """The pools of step hosts, one row per resource shape (`pools`, and `jobs show` for a
+    running job)."""
+    table = Table(title="Pools")
+    for column in ("shape", "hosts", "pending", "busy", "queued", "waiting", "nodes"):
+        table.add_column(column, justify="left" if column in ("shape", "nodes") else "right")
+    for pool in found:
+        nodes = ", ".join(node[:8] for node in pool.nodes)
+        counts = (pool.hosts, pool.pending, pool.busy, pool.queued, pool.waiting)
+        table.add_row(pool.shape, *map(str, counts), nodes)
     return table

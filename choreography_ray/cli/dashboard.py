@@ -12,13 +12,8 @@ from typing import Annotated
 
 import typer
 
-from choreography_ray.cli._common import (
-    StorageOption,
-    console,
-    err_console,
-    fail,
-    open_stored,
-)
+from choreography_ray.cli._common import console, err_console, fail, open_stored
+from choreography_ray.cli._options import StorageOption
 from choreography_ray.runtime.names import DEFAULT_NAMESPACE
 from choreography_ray.storage import redact_url
 

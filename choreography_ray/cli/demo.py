@@ -24,15 +24,14 @@ from rich.progress import (
 import choreography_ray as cr
 from choreography_ray.cli._cluster import init_ray
 from choreography_ray.cli._common import (
-    AddressOption,
     ExitCode,
-    StorageOption,
     check_storage,
     console,
     err_console,
     fail,
     resolve_storage,
 )
+from choreography_ray.cli._options import AddressOption, StorageOption
 from choreography_ray.cli._render import failed_steps_table, outcome
 from choreography_ray.core.stopping import settled
 from choreography_ray.examples.demo import DemoJob, DemoRequest

@@ -30,9 +30,7 @@ from rich.prompt import Prompt
 import choreography_ray as cr
 from choreography_ray.cli._cluster import init_ray
 from choreography_ray.cli._common import (
-    AddressOption,
     ExitCode,
-    StorageOption,
     check_storage,
     err_console,
     exit_code_for,
@@ -41,6 +39,7 @@ from choreography_ray.cli._common import (
     resolve_storage,
     state_json,
 )
+from choreography_ray.cli._options import AddressOption, StorageOption
 from choreography_ray.client import JobsManager
 from choreography_ray.errors import (
     ChoreographyError,

@@ -24,15 +24,14 @@ from rich.table import Table
 
 from choreography_ray.cli._cluster import init_ray
 from choreography_ray.cli._common import (
-    AddressOption,
     ExitCode,
-    StorageOption,
     console,
     fail,
     open_stored,
     parse_member,
     resolve_storage,
 )
+from choreography_ray.cli._options import AddressOption, StorageOption
 from choreography_ray.errors import (
     ChoreographyError,
     SchedulerError,

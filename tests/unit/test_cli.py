@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -48,3 +50,20 @@ def test_chaos__a_profile_with_no_fault_on_the_storage_exits_2_before_any_run() 
     assert result.exit_code == 2
     assert "draws no fault on sqlite" in result.output
     assert "running" not in result.output
+
+
+def test_command_modules__import_only_the_shared_private_modules() -> None:
+    """A command module imports its shared options and helpers from the `_` modules, never
+    from another command module: `pools` and the `jobs` groups once imported each other."""
+    root = Path(choreography_ray.__file__).parent / "cli"
+    wrong = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name.startswith("_"):  # the packages and the shared modules themselves
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module is None:
+                continue
+            package, _, module = node.module.rpartition(".")
+            if f"{package}.".startswith("choreography_ray.cli.") and not module.startswith("_"):
+                wrong.append(f"{path.relative_to(root)}: from {node.module} import ...")
+    assert wrong == []

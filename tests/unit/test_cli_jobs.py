@@ -13,8 +13,9 @@ from choreography_ray.cli import app
 from choreography_ray.cli._cluster import host_port
 from choreography_ray.cli._command import describe
 from choreography_ray.cli._common import ExitCode
+from choreography_ray.cli._options import parse_since
 from choreography_ray.cli.jobs.acting import overall
-from choreography_ray.cli.jobs.reading import parse_since, parse_step_statuses, type_matches
+from choreography_ray.cli.jobs.reading import parse_step_statuses, type_matches
 from choreography_ray.errors import (
     JobLookupError,
     JobOperationError,

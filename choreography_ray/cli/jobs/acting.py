@@ -33,10 +33,6 @@ from choreography_ray.cli._cluster import (
 from choreography_ray.cli._command import describe
 from choreography_ray.cli._common import (
     ExitCode,
-    JsonOption,
-    NamespaceFilter,
-    ScopeFilter,
-    StorageOption,
     console,
     fail,
     log,
@@ -44,13 +40,18 @@ from choreography_ray.cli._common import (
     print_json,
     resolve_storage,
 )
-from choreography_ray.cli._render import jobs_table
-from choreography_ray.cli.jobs.reading import (
+from choreography_ray.cli._options import (
+    JsonOption,
+    NamespaceFilter,
+    RayNamespaceOption,
+    ScopeFilter,
     StatusFilter,
+    StorageOption,
     TypeFilter,
     parse_since,
     parse_status,
 )
+from choreography_ray.cli._render import jobs_table
 from choreography_ray.client import AsyncJobsManager
 from choreography_ray.errors import ChoreographyError
 from choreography_ray.logs import ids
@@ -65,9 +66,6 @@ ClusterAddressOption = Annotated[
         help="The Ray cluster the jobs manager runs in (host:port, ray://host:port, auto).",
         show_default="$RAY_ADDRESS; one of them is needed (not for --dry-run)",
     ),
-]
-RayNamespaceOption = Annotated[
-    str, typer.Option(help="The Ray namespace of the job system's actors.")
 ]
 JobIdOption = Annotated[
     str | None,

@@ -10,28 +10,40 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
+from choreography_ray.cli._cluster import job_pools
 from choreography_ray.cli._common import (
-    JsonOption,
-    NamespaceFilter,
-    ScopeFilter,
-    StorageOption,
     console,
     fail,
     note,
     open_stored,
     parse_member,
     print_json,
+    read_job,
     state_data,
     state_json,
+    where,
+)
+from choreography_ray.cli._options import (
+    JobIdArgument,
+    JobNamespaceCheck,
+    JobScopeCheck,
+    JsonOption,
+    NamespaceFilter,
+    RayNamespaceOption,
+    ScopeFilter,
+    StatusFilter,
+    StorageOption,
+    TypeFilter,
+    parse_since,
+    parse_status,
 )
 from choreography_ray.cli._render import (
     FAILED_STEPS_SHOWN,
@@ -39,6 +51,7 @@ from choreography_ray.cli._render import (
     history_table,
     jobs_table,
     outcome,
+    pools_table,
     steps_table,
     summary,
     when,
@@ -56,38 +69,8 @@ FAILED = FAILED_STEP | {StepStatus.UNREACHABLE}
 DEFAULT_LIMIT = 100
 #: The failure clusters (most frequent first) `jobs show` lists; `jobs failures` lists all.
 CLUSTERS_SHOWN = 3
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
-JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
-StatusFilter = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--status",
-        metavar="STATUS",
-        show_default=False,
-        help="Only jobs in this status (RUNNING, Running, running, ...); repeatable.",
-    ),
-]
-TypeFilter = Annotated[
-    str | None,
-    typer.Option(
-        "--type",
-        metavar="TYPE",
-        show_default=False,
-        help="Only jobs of this type: its import path (pkg.module:Class) or class name.",
-    ),
-]
 LimitOption = Annotated[int, typer.Option("--limit", min=1, help="At most this many.")]
-JobScopeCheck = Annotated[
-    str | None,
-    typer.Option("--scope", help="The job's scope: another scope's job is not found.",
-                 show_default="any (a job id is unique)"),
-]  # fmt: skip
-JobNamespaceCheck = Annotated[
-    str | None,
-    typer.Option("--namespace", help="The job's namespace: another one's job is not found.",
-                 show_default="any"),
-]  # fmt: skip
 SignatureFilter = Annotated[
     str | None,
     typer.Option(
@@ -97,43 +80,6 @@ SignatureFilter = Annotated[
         help="Only the failed steps of this failure signature (as `jobs failures` prints it).",
     ),
 ]
-
-
-async def read_job(
-    store: Storage, job_id: str, scope: str | None, namespace: str | None
-) -> JobState | None:
-    """The stored job, or None when there is none in `scope`/`namespace` (when given)."""
-    state = await store.get_job(job_id)
-    if (
-        state is None
-        or scope not in (None, state.scope)
-        or namespace not in (None, state.namespace)
-    ):
-        return None
-    return state
-
-
-def parse_status(text: str) -> JobStatus:
-    """A job status by member name or stored value, in any case: RUNNING, Running, running."""
-    return parse_member(JobStatus, text, "job status")
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """`--since`: a duration back from now (`90s`, `15m`, `2h`, `7d`, `1w`) or an ISO-8601 date
-    or time (`2026-01-31`, `2026-01-31T12:00`; UTC unless it names a zone)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
-    if match:
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
-    try:
-        at = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r} is neither a duration (90s, 15m, 2h, 7d, 1w) nor an ISO-8601 date or "
-            "time (2026-01-31, 2026-01-31T12:00)",
-            param_hint="--since",
-        ) from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def type_matches(job_type: str, wanted: str) -> bool:
@@ -166,12 +112,6 @@ async def read_jobs(
     if since is not None:
         jobs = [j for j in jobs if j.created >= since]
     return sorted(jobs, key=lambda j: j.created, reverse=True)
-
-
-def where(store: Storage, scope: str | None, namespace: str | None) -> str:
-    """The storage (and the scope/namespace asked for) a job was looked for in."""
-    asked = "/".join(filter(None, (scope, namespace)))
-    return f"{store.url}" + (f" ({asked})" if asked else "")
 
 
 def list_jobs(
@@ -231,9 +171,7 @@ def show(
             show_default="$RAY_ADDRESS, else the pools are not shown",
         ),
     ] = None,
-    ray_namespace: Annotated[
-        str, typer.Option(help="The Ray namespace of the job system's actors.")
-    ] = DEFAULT_NAMESPACE,
+    ray_namespace: RayNamespaceOption = DEFAULT_NAMESPACE,
 ) -> None:
     """Show a job: its status, counts per stage, status history, error, first failed steps and
     most frequent failure signatures; with a cluster address, the pools its steps run on."""
@@ -262,8 +200,6 @@ def show(
     console.print(history_table(state))
     address = address or os.environ.get("RAY_ADDRESS")
     if address and not settled(state):
-        from choreography_ray.cli.pools import job_pools, pools_table
-
         found = job_pools(state.id, address, ray_namespace)
         if found:
             console.print()

@@ -29,21 +29,21 @@ from rich.text import Text
 
 from choreography_ray.cli._common import (
     ExitCode,
-    StorageOption,
     console,
     exit_code_for,
     fail,
     note,
     open_stored,
-)
-from choreography_ray.cli._render import outcome
-from choreography_ray.cli.jobs.reading import (
-    JobIdArgument,
-    JobNamespaceCheck,
-    JobScopeCheck,
     read_job,
     where,
 )
+from choreography_ray.cli._options import (
+    JobIdArgument,
+    JobNamespaceCheck,
+    JobScopeCheck,
+    StorageOption,
+)
+from choreography_ray.cli._render import outcome
 from choreography_ray.core.stopping import settled
 from choreography_ray.model import JobState
 from choreography_ray.storage import Storage
