@@ -1,7 +1,10 @@
 """A pool host's leaving: once it has held nothing (no step, start or job task) for
-`pool_idle_timeout`, it refuses starts from then on and ends its actor for good, giving its
-resources back to Ray so an autoscaler can remove its node. A host that cannot leave stays, and
-takes steps again.
+`pool_idle_timeout`, or when asked (`leave_if_idle`) while it holds nothing, it refuses starts
+from then on and ends its actor for good, giving its resources back to Ray so an autoscaler can
+remove its node. A host that cannot leave stays, and takes steps again.
+
+A host whose pool's lane kept failing is replaced instead (`runtime.lanes`): its process ends and
+Ray starts the actor again (`restart_actor`).
 """
 
 from __future__ import annotations
@@ -9,16 +12,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import ray
 
 from choreography_ray.logs import get_logger
+from choreography_ray.runtime.lanes import Spawn
 
 log = get_logger(__name__)
 
+#: Seconds a host that agreed to leave when asked waits before it ends: its answer reaches the
+#: caller first.
+REPLY_SECONDS = 0.5
+
 #: Ends the host's actor (`end_actor`).
-Leave = Callable[[], Awaitable[None]]
+Leave = Callable[[], Coroutine[Any, Any, None]]
 
 
 async def end_actor() -> None:
@@ -27,18 +36,46 @@ async def end_actor() -> None:
     await asyncio.to_thread(ray.kill, me, no_restart=True)
 
 
+async def restart_actor() -> None:
+    """Ends this actor's process so Ray starts the actor again (a new incarnation): the jobs
+    watching it start its steps again."""
+    me = ray.get_runtime_context().current_actor
+    await asyncio.to_thread(ray.kill, me, no_restart=False)
+
+
 class Leaving:
     """Whether the host leaves. `holds` are what keeps each job's entries on the host
-    (`StepHostCore.holds`): the host holds nothing when it is empty."""
+    (`StepHostCore.holds`): the host holds nothing when it is empty. `end` ends the host."""
 
-    def __init__(self, holds: Counter[str]) -> None:
+    def __init__(self, holds: Counter[str], spawn: Spawn, end: Leave = end_actor) -> None:
         self._holds = holds
+        self._spawn = spawn
+        self._end = end
         #: A pool's host that was idle long enough: it takes no more steps, and leaves.
         self.leaving = False
 
-    async def when_idle(self, idle_seconds: float, leave: Leave) -> None:
-        """Calls `leave` once the host has held nothing for `idle_seconds`, refusing starts
-        from then on; checked every quarter of it."""
+    def if_idle(self) -> bool:
+        """When the host holds nothing: refuses starts from now on, ends the host once this
+        answer is sent, and returns True. Else returns False, and changes nothing."""
+        if self._holds:
+            return False
+        self.leaving = True
+        log.info("pool host holding nothing, asked to leave: leaving")
+        self._spawn(self._end_after_reply(), "leave-if-idle", None)
+        return True
+
+    async def _end_after_reply(self) -> None:
+        await asyncio.sleep(REPLY_SECONDS)
+        try:
+            await self._end()
+        except Exception as error:  # it stays, and takes steps again
+            log.warning("a pool host could not leave (it stays): %s", error)
+            self.leaving = False
+
+    async def when_idle(self, idle_seconds: float) -> None:
+        """Ends the host once it has held nothing for `idle_seconds`, refusing starts from
+        then on; checked every quarter of it."""
+        leave = self._end
         idle_since: float | None = None
         while True:
             await asyncio.sleep(max(idle_seconds / 4, 0.05))

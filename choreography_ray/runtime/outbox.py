@@ -20,19 +20,15 @@ from collections.abc import Callable
 
 from choreography_ray.core.messages import Outcome
 from choreography_ray.core.metrics import Labels
-from choreography_ray.core.retries import Backoff
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import StatusChange
 from choreography_ray.runtime.fences import Fences
 from choreography_ray.runtime.lanes import Spawn
-from choreography_ray.runtime.tenant import Tenant
+from choreography_ray.runtime.tenant import PERSIST_RETRY, Tenant
 from choreography_ray.status import StepStatus
 from choreography_ray.storage import StepUpdate
 
 log = get_logger(__name__)
-
-#: Seconds between two tries to persist a batch of outcomes: 1 s, doubling up to 30 s.
-PERSIST_RETRY = Backoff(1.0, 30.0)
 
 
 class Outbox:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import itertools
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -44,14 +43,13 @@ from choreography_ray.core.messages import (
 from choreography_ray.core.metrics import UNKNOWN, Labels
 from choreography_ray.core.placement import placement_of, uses_lane
 from choreography_ray.logs import configure_actor, get_logger, ids
-from choreography_ray.model import StatusChange
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.fences import Fences
 from choreography_ray.runtime.lanes import Lane
-from choreography_ray.runtime.leaving import Leaving, end_actor
+from choreography_ray.runtime.leaving import Leave, Leaving, end_actor, restart_actor
 from choreography_ray.runtime.limits import gate_for, limited
-from choreography_ray.runtime.outbox import PERSIST_RETRY, Outbox
+from choreography_ray.runtime.outbox import Outbox
 from choreography_ray.runtime.outcomes import outcome_of
 from choreography_ray.runtime.pools import record_pool_gauges
 from choreography_ray.runtime.process import tune_gc
@@ -59,7 +57,6 @@ from choreography_ray.runtime.tasks import Tasks
 from choreography_ray.runtime.tenant import Tenant
 from choreography_ray.status import StepStatus
 from choreography_ray.step import JobStep, StepContext
-from choreography_ray.storage import StepUpdate
 from choreography_ray.types import import_type
 
 log = get_logger(__name__)
@@ -68,7 +65,15 @@ log = get_logger(__name__)
 class StepHostCore:
     """Everything of the step host but the Ray actor shell."""
 
-    def __init__(self, namespace: str, capacity: int) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        capacity: int,
+        end: Leave = end_actor,
+        restart: Leave = restart_actor,
+    ) -> None:
+        """`end` ends the host for good (it leaves), and `restart` ends its process so Ray
+        starts it again (`_replace`)."""
         self.namespace = namespace
         self.capacity = capacity
         self.tenants: dict[tuple[str, str], Tenant] = {}
@@ -105,7 +110,8 @@ class StepHostCore:
         #: This process of the hosting actor: a restart is a new incarnation.
         self.incarnation = f"{ray.get_runtime_context().get_actor_id()}:{os.getpid()}"
         #: Whether this pool's host leaves (`runtime.leaving`).
-        self.leave = Leaving(self.holds)
+        self.leave = Leaving(self.holds, self.spawn, end)
+        self._restart = restart
 
     def tenant(self, job_id: str, context: tuple[str, str]) -> Tenant:
         tenant = self.tenants.get(context)
@@ -137,7 +143,9 @@ class StepHostCore:
         A start of an activation older than one that asked this host already (`epoch`) is
         refused with `StaleActivationError`, also after waiting for room."""
         if self.leave.leaving:
-            raise RuntimeError("this pool host is leaving (it was idle): start the steps elsewhere")
+            raise RuntimeError(
+                "this pool host is leaving (idle, or replaced): start the steps elsewhere"
+            )
         self.fences.see_epoch(job_id, epoch)
         self._hold(job_id)
         self.job_labels[job_id] = labels
@@ -193,9 +201,7 @@ class StepHostCore:
             # RUNNING of the steps not done at launch joins the round now, before any outcome
             # (outcomes are persisted from a callback run after this): it lands first. A step
             # done at launch writes only its outcome.
-            written = tenant.commit.join(
-                self._running_updates(tenant, job_id, steps), labels=labels
-            )
+            written = tenant.commit.join(tenant.running_updates(job_id, steps), labels=labels)
             try:
                 await written
             except Exception as error:
@@ -203,13 +209,13 @@ class StepHostCore:
                             "and it is written again", job_id, len(steps), error,
                             extra=ids(job_id))  # fmt: skip
                 self.spawn(
-                    self._write_running(tenant, job_id, steps), f"running-write {job_id}", job_id
+                    tenant.write_running(job_id, steps, labels), f"running-write {job_id}", job_id
                 )
             return len(steps)
         # A later attempt's record holds its earlier outcome until RUNNING replaces it (a job
         # reactivated meanwhile would count that outcome): it runs only once RUNNING is stored,
         # and a failed write fails the start, which the job makes again.
-        written = tenant.commit.join(self._running_updates(tenant, job_id, steps), labels=labels)
+        written = tenant.commit.join(tenant.running_updates(job_id, steps), labels=labels)
         self.unwritten.update(keys)
         try:
             await written
@@ -226,34 +232,6 @@ class StepHostCore:
         for step in steps:
             self._launch(job_id, step, tenant.options)
         return len(steps)
-
-    def _running_updates(
-        self, tenant: Tenant, job_id: str, steps: Sequence[StepStart]
-    ) -> list[StepUpdate]:
-        """RUNNING (+ lease) of those of `steps` still running here without an outcome."""
-        change = StatusChange(status=StepStatus.RUNNING)
-        lease = tenant.lease()
-        return [
-            StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
-            for s in steps
-            if tenant.leased.get((job_id, s.step_id)) == s.attempt
-        ]
-
-    async def _write_running(self, tenant: Tenant, job_id: str, steps: Sequence[StepStart]) -> None:
-        """Writes RUNNING again, with backoff, until it is stored or every step has an outcome
-        (a later round then holds the outcome; RUNNING must not follow it)."""
-        labels = self.job_labels.get(job_id, UNKNOWN)
-        for tries in itertools.count(1):
-            await asyncio.sleep(PERSIST_RETRY.delay(tries))
-            updates = self._running_updates(tenant, job_id, steps)
-            if not updates:
-                return
-            try:
-                await tenant.commit.write(updates, labels=labels)
-                return
-            except Exception as error:
-                log.warning("job %s: writing RUNNING of %d steps again failed: %s", job_id,
-                            len(updates), error, extra=ids(job_id))  # fmt: skip
 
     def _launch(self, job_id: str, step: StepStart, options: JobsOptions) -> None:
         key = (job_id, step.step_id)
@@ -294,11 +272,20 @@ class StepHostCore:
     def _lane(self, step_type: type[JobStep[Any]]) -> Lane:
         lane = self.lanes.get(step_type)
         if lane is None:
-            lane = self.lanes[step_type] = Lane(step_type, self._pool, self._finish, self.spawn)
+            # Only a pool's host is replaced: a shared host runs every other type too.
+            replace = self._replace if step_type.resources is not None else None
+            lane = Lane(step_type, self._pool, self._finish, self.spawn, replace)
+            self.lanes[step_type] = lane
             if limited(step_type):
                 lane.gate = gate_for(step_type, self.namespace, self.incarnation, self.spawn)
                 lane.gate.wake = lane.pump
         return lane
+
+    def _replace(self) -> None:
+        """A lane kept failing after a new setup: this process ends, Ray starts it again, and
+        the jobs watching this incarnation start its steps again elsewhere."""
+        self.leave.leaving = True  # no start is taken meanwhile
+        self.spawn(self._restart(), "replace")
 
     def _finish_task(
         self, job_id: str, step: StepStart, task: asyncio.Future[Any], driver: SliceDriver | None
@@ -370,8 +357,9 @@ class StepHostCore:
         ]
 
     def describe(self) -> dict[str, Any]:
-        """Steps here: `running` (held here), and per lane's type its steps `busy` (in a
-        perform or batch) and `queued` (waiting in the lane)."""
+        """Steps here: `running` (held here), per lane's type its steps `busy` (in a perform or
+        batch) and `queued` (waiting in the lane), whether the host is `leaving`, and `idle`
+        (it holds nothing: no step, start or task of a job)."""
         lanes = {
             f"{t.__module__}.{t.__qualname__}": {
                 "busy": lane.performing,
@@ -380,7 +368,16 @@ class StepHostCore:
             }
             for t, lane in self.lanes.items()
         }
-        return {"running": len(self.running), "lanes": lanes, "leaving": self.leave.leaving}
+        return {
+            "running": len(self.running),
+            "lanes": lanes,
+            "leaving": self.leave.leaving,
+            "idle": not self.holds,
+        }
+
+    def leave_if_idle(self) -> bool:
+        """Leaves for good when the host holds nothing (`Leaving.if_idle`)."""
+        return self.leave.if_idle()
 
     def _labels(self, job_id: str) -> Labels:
         return self.job_labels.get(job_id, UNKNOWN)
@@ -432,13 +429,19 @@ class StepHost:
         tune_gc()
         self.core = StepHostCore(namespace, capacity)
         if idle_timeout is not None:
-            self.core.spawn(self.core.leave.when_idle(idle_timeout, end_actor), "leave-when-idle")
+            self.core.spawn(self.core.leave.when_idle(idle_timeout), "leave-when-idle")
         if shape is not None:
             self.core.spawn(record_pool_gauges(shape, self.core), "pool-gauges")
 
     async def describe(self) -> dict[str, Any]:
         """What the host runs now (`StepHostCore.describe`)."""
         return self.core.describe()
+
+    async def leave_if_idle(self) -> bool:
+        """For the pool's owner: when the host holds nothing (no running step, start in flight
+        or task of a job), it refuses starts from now on and ends for good (not restarted)
+        once this answers True. Else False, and nothing changes."""
+        return self.core.leave_if_idle()
 
     async def start_steps(
         self,

@@ -6,12 +6,15 @@ shared by every connection: a host keeps one tenant per (storage URL, options)."
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from choreography_ray.core.messages import StepStart
 from choreography_ray.core.metrics import Histogram, Labels, WriteOperation
-from choreography_ray.logs import get_logger
-from choreography_ray.model import Lease, utcnow
+from choreography_ray.core.retries import Backoff
+from choreography_ray.logs import get_logger, ids
+from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.group_commit import GroupCommit
@@ -19,10 +22,14 @@ from choreography_ray.runtime.lanes import Spawn
 from choreography_ray.runtime.metrics import metrics_for
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
 from choreography_ray.scheduler.deciding import JobDecisions
-from choreography_ray.status import JobStatus
-from choreography_ray.storage import LeaseRenewal, redact_url
+from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.storage import LeaseRenewal, StepUpdate, redact_url
 
 log = get_logger(__name__)
+
+#: Seconds between two tries to persist a batch of outcomes, or RUNNING again: 1 s, doubling up
+#: to 30 s.
+PERSIST_RETRY = Backoff(1.0, 30.0)
 
 
 class Tenant:
@@ -77,6 +84,31 @@ class Tenant:
         if self.options.lease_seconds is None:
             return None
         return Lease(silo=self._silo, activation=self._activation, heartbeat=utcnow())
+
+    def running_updates(self, job_id: str, steps: Sequence[StepStart]) -> list[StepUpdate]:
+        """RUNNING (+ lease) of those of `steps` still running here without an outcome."""
+        change = StatusChange(status=StepStatus.RUNNING)
+        lease = self.lease()
+        return [
+            StepUpdate(job_id, s.step_id, StepStatus.RUNNING, s.attempt, lease, change)
+            for s in steps
+            if self.leased.get((job_id, s.step_id)) == s.attempt
+        ]
+
+    async def write_running(self, job_id: str, steps: Sequence[StepStart], labels: Labels) -> None:
+        """Writes RUNNING again, with backoff, until it is stored or every step has an outcome
+        (a later round then holds the outcome; RUNNING must not follow it)."""
+        for tries in itertools.count(1):
+            await asyncio.sleep(PERSIST_RETRY.delay(tries))
+            updates = self.running_updates(job_id, steps)
+            if not updates:
+                return
+            try:
+                await self.commit.write(updates, labels=labels)
+                return
+            except Exception as error:
+                log.warning("job %s: writing RUNNING of %d steps again failed: %s", job_id,
+                            len(updates), error, extra=ids(job_id))  # fmt: skip
 
     async def renew_leases(self, every: float) -> None:
         """Every `every` s, renews the leases of this tenant's running steps in one conditional
