@@ -9,12 +9,13 @@ own while the steps wait queued, so a stop of their job ends them at once (STOPP
 next) with `SetupError`, and is called again for the next steps.
 
 A lane whose performs (or batches) fail `FAILURES_BEFORE_SETUP` times in a row makes a new
-instance and sets it up again before its next step; a pool's lane whose new instance fails
-`FAILURES_BEFORE_REPLACE` times in a row in all asks its host to be replaced (`Replace`) and
-takes no more steps (they start again elsewhere once the host has ended). A
-perform fails when it raises (not after a stop of its job) or returns no successful
-`StepResult`; a batch, when it raises, returns the wrong results, or every result is a failure.
-Any success starts the count again.
+instance and sets it up again before its next step (every third failure in a row); a pool's lane
+whose failures in a row reach `FAILURES_BEFORE_REPLACE` asks its host to be replaced (`Replace`)
+and takes no more steps (they start again elsewhere once the host has ended). A perform fails
+when it raises (not after a stop of its job) or returns a failed `StepResult`; a batch, when it
+raises, returns the wrong number of results, or every result is a failed `StepResult`; a
+`setup` that raises counts too. Any success starts the count again; results that are no
+`StepResult` (the type's own bug) are not counted.
 
 No Ray here: the step host gives a lane its thread pool, the call that ends a step (`Finish`),
 the one that runs a named task (`Spawn`) and, for a pool's type, the one that replaces the host

@@ -10,6 +10,7 @@ Ray starts the actor again (`restart_actor`).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -38,9 +39,14 @@ async def end_actor() -> None:
 
 async def restart_actor() -> None:
     """Ends this actor's process so Ray starts the actor again (a new incarnation): the jobs
-    watching it start its steps again."""
+    watching it start its steps again. When Ray cannot be asked, the process exits: the actor
+    is restarted all the same, and its steps never wait on a host that takes none."""
     me = ray.get_runtime_context().current_actor
-    await asyncio.to_thread(ray.kill, me, no_restart=False)
+    try:
+        await asyncio.to_thread(ray.kill, me, no_restart=False)
+    except Exception:
+        log.exception("could not ask Ray to restart this host: exiting")
+        os._exit(1)
 
 
 class Leaving:
