@@ -3,8 +3,23 @@ first step, at most `concurrency` performs (or batches) at once, and a batched t
 gathered per job into batches. Used by a pool's types and by any type that overrides `setup` or
 `perform_batch` (`core.placement.uses_lane`); other types get an instance per step.
 
-No Ray here: the step host gives a lane its thread pool, the call that ends a step (`Finish`)
-and the one that runs a named task (`Spawn`), and the lane's rules are tested without a cluster.
+A lane sets its instance up before any step leaves its queue: `setup` runs as a task of its
+own while the steps wait queued, so a stop of their job ends them at once (STOPPED), even while
+`setup` hangs. A `setup` that raises fails one batch's worth of steps (those the lane would run
+next) with `SetupError`, and is called again for the next steps.
+
+A lane whose performs (or batches) fail `FAILURES_BEFORE_SETUP` times in a row makes a new
+instance and sets it up again before its next step (every third failure in a row); a pool's lane
+whose failures in a row reach `FAILURES_BEFORE_REPLACE` asks its host to be replaced (`Replace`)
+and takes no more steps (they start again elsewhere once the host has ended). A perform fails
+when it raises (not after a stop of its job) or returns a failed `StepResult`; a batch, when it
+raises, returns the wrong number of results, or every result is a failed `StepResult`; a
+`setup` that raises counts too. Any success starts the count again; results that are no
+`StepResult` (the type's own bug) are not counted.
+
+No Ray here: the step host gives a lane its thread pool, the call that ends a step (`Finish`),
+the one that runs a named task (`Spawn`) and, for a pool's type, the one that replaces the host
+(`Replace`); the lane's rules are tested without a cluster.
 """
 
 from __future__ import annotations
@@ -14,7 +29,7 @@ import functools
 import inspect
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from typing import Any, NamedTuple, Protocol
 
@@ -23,8 +38,20 @@ from pydantic import BaseModel
 from choreography_ray.core.limits import Gate
 from choreography_ray.core.messages import StepStart, describe
 from choreography_ray.core.placement import is_batched
+from choreography_ray.logs import get_logger
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
-from choreography_ray.step import BatchContext, JobStep, StepContext
+from choreography_ray.step import BatchContext, JobStep, StepContext, StepResult
+
+log = get_logger(__name__)
+
+#: Performs (or batches) of a lane failing in a row before it sets a new instance up: a few,
+#: so one bad input does not reload a model, while a broken instance (a GPU context gone bad
+#: after `setup`) stops failing every step it gets.
+FAILURES_BEFORE_SETUP = 3
+#: Failures in a row, counted from the last success, before a pool's lane asks its host to be
+#: replaced: the 3 after the new instance's `setup` failed too, so the fault is the process or
+#: its device, and a new process (another incarnation: its steps start again elsewhere) is next.
+FAILURES_BEFORE_REPLACE = 6
 
 
 class Item(NamedTuple):
@@ -49,6 +76,8 @@ class Finish(Protocol):
 
 
 Spawn = Callable[[Coroutine[Any, Any, None], str, str | None], Any]
+#: Ends the host's process so Ray starts it again (a pool's lane only).
+Replace = Callable[[], None]
 
 
 class SetupError(Exception):
@@ -57,7 +86,12 @@ class SetupError(Exception):
 
 class Lane:
     def __init__(
-        self, step_type: type[JobStep[Any]], pool: Executor, finish: Finish, spawn: Spawn
+        self,
+        step_type: type[JobStep[Any]],
+        pool: Executor,
+        finish: Finish,
+        spawn: Spawn,
+        replace: Replace | None = None,
     ) -> None:
         self.step_type = step_type
         self.instance = step_type()
@@ -72,10 +106,20 @@ class Lane:
         self.queued: OrderedDict[str, deque[Item]] = OrderedDict()
         #: The contexts of the batches running now (a stop cancels them).
         self.batches: set[BatchContext] = set()
+        #: The instance is set up: steps leave the queue only then.
         self.ready = False
+        #: The task calling `setup` now, if any.
+        self._setting_up: asyncio.Future[None] | None = None
+        #: A new instance is due before the next `setup` (its performs kept failing).
+        self._stale = False
+        #: Performs (or batches) failed in a row, and the instance's generation: a perform
+        #: of an instance since replaced is not counted.
+        self.failures = 0
+        self._generation = 0
+        self._replace = replace
+        self._replaced = False
         #: The type's share of its cluster-wide limits on this host (`core.limits`), if any.
         self.gate: Gate | None = None
-        self._setting_up = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._pool = pool
         self._finish = finish
@@ -94,7 +138,15 @@ class Lane:
 
     def pump(self) -> None:
         """Starts performs (or batches) while fewer than `concurrency` run, jobs in turn. A
-        job's batch that is not full waits until its oldest step has waited `batch_wait`."""
+        job's batch that is not full waits until its oldest step has waited `batch_wait`. No step
+        leaves the queue before the instance is set up, nor after the lane asked for its host to
+        be replaced: its steps wait for the host's end, and start again elsewhere."""
+        if self._replaced:
+            return
+        if not self.ready:
+            if self.queued and self._setting_up is None:
+                self._setting_up = self._spawn(self._set_up(), f"setup {self._name}", None)
+            return
         while self.busy < self.concurrency and (job_id := self._next_job()) is not None:
             queue = self.queued[job_id]
             take = min(self.size, len(queue))
@@ -141,9 +193,11 @@ class Lane:
         return len(queue)
 
     async def _run(self, items: list[Item]) -> None:
+        generation = self._generation
         try:
-            if await self._set_up(items):
-                await (self._perform_batch(items) if self.batched else self._perform(items[0]))
+            failed = await (self._perform_batch(items) if self.batched else self._perform(items[0]))
+            if failed is not None and generation == self._generation:
+                self._count(failed)
         finally:
             self.busy -= 1
             self.performing -= len(items)
@@ -151,35 +205,77 @@ class Lane:
                 self.gate.done(len(items))
             self.pump()
 
-    async def _set_up(self, items: list[Item]) -> bool:
-        """Sets the instance up once; when `setup` raises, `items` fail with its error, and the
-        next steps call it again."""
-        if self.ready:
-            return True
-        async with self._setting_up:
-            if not self.ready:
-                try:
-                    await self._call(self.instance.setup)
-                except BaseException as error:
-                    if isinstance(error, PerformExit):
-                        error = error.error
-                    failure = SetupError(f"{self._name}.setup failed: {describe(error)}")
-                    for item in items:
-                        self._finish(item.job_id, item.start, None, failure, None)
-                    return False
-                self.ready = True
-        return True
+    async def _set_up(self) -> None:
+        """Sets the instance up (a new one first when its performs kept failing); when that
+        raises, the steps the lane would run next fail with its error, and the next steps call
+        it again. The steps wait queued meanwhile, where a stop reaches them."""
+        try:
+            if self._stale:
+                self.instance = self.step_type()
+                self._stale = False
+            await self._call(self.instance.setup)
+        except BaseException as error:
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and task and task.cancelling():
+                raise  # the host is going away: no step failed
+            failure = SetupError(f"{self._name}.setup failed: {describe(_original(error))}")
+            items = self._take_next()
+            for item in items:
+                self._finish(item.job_id, item.start, None, failure, None)
+            if items:
+                self._count(True)
+        else:
+            self.ready = True
+        finally:
+            self._setting_up = None
+        self.pump()
 
-    async def _perform(self, item: Item) -> None:
+    def _take_next(self) -> list[Item]:
+        """Takes the steps the lane would run next: a batch's worth of the job in turn."""
+        job_id = self._next_job() or next(iter(self.queued), None)
+        if job_id is None:
+            return []
+        queue = self.queued[job_id]
+        items = [queue.popleft() for _ in range(min(self.size, len(queue)))]
+        if queue:
+            self.queued.move_to_end(job_id)
+        else:
+            del self.queued[job_id]
+        return items
+
+    def _count(self, failed: bool) -> None:
+        """Counts a perform (or batch, or `setup`) that failed or succeeded: after
+        `FAILURES_BEFORE_SETUP` failures in a row a new instance is set up, and a pool's lane
+        after `FAILURES_BEFORE_REPLACE` asks for its host to be replaced."""
+        if not failed:
+            self.failures = 0
+            return
+        self.failures += 1
+        if self._replace is not None and self.failures >= FAILURES_BEFORE_REPLACE:
+            if not self._replaced:
+                self._replaced = True
+                log.warning("%s: %d performs failed in a row, after a new setup too: replacing "
+                            "this host", self._name, self.failures)  # fmt: skip
+                self._replace()
+        elif self.failures % FAILURES_BEFORE_SETUP == 0:
+            log.warning("%s: %d performs failed in a row: setting a new instance up",
+                        self._name, self.failures)  # fmt: skip
+            self.ready, self._stale = False, True
+            self._generation += 1
+
+    async def _perform(self, item: Item) -> bool | None:
+        """Performs one step: whether it failed (None: not counted, `_failed`)."""
         driver: SliceDriver | None = None
         try:
             result, driver = await self._call(self.instance.perform, item.request, item.context)
         except BaseException as error:
             self._finish(item.job_id, item.start, None, _original(error), driver)
-        else:
-            self._finish(item.job_id, item.start, result, None, driver)
+            return None if item.context.is_cancelled else True
+        self._finish(item.job_id, item.start, result, None, driver)
+        return _failed([result])
 
-    async def _perform_batch(self, items: list[Item]) -> None:
+    async def _perform_batch(self, items: list[Item]) -> bool | None:
+        """Performs a batch: whether it failed (None: not counted, `_failed`)."""
         context = BatchContext([item.context for item in items])
         if any(item.context.is_cancelled for item in items):
             context.cancel()
@@ -190,7 +286,7 @@ class Lane:
             results, driver = await self._call(self.instance.perform_batch, requests, context)
         except BaseException as error:
             self._end(items, _original(error), driver)
-            return
+            return None if context.is_cancelled else True
         finally:
             self.batches.discard(context)
         if not isinstance(results, list | tuple) or len(results) != len(items):
@@ -201,9 +297,10 @@ class Lane:
             )
             wrong = TypeError(f"perform_batch returned {got} for {len(items)} requests")
             self._end(items, wrong, driver)
-            return
+            return True
         for item, result in zip(items, results, strict=True):
             self._finish(item.job_id, item.start, result, None, driver)
+        return _failed(results)
 
     def _end(self, items: list[Item], error: BaseException, driver: SliceDriver | None) -> None:
         for item in items:
@@ -230,6 +327,17 @@ def _guarded(method: Callable[..., Any], *args: Any) -> Any:
         return method(*args)
     except (KeyboardInterrupt, SystemExit) as exit_:
         raise PerformExit(exit_) from exit_
+
+
+def _failed(results: Sequence[Any]) -> bool | None:
+    """Whether performs that returned `results` failed: every result a failed `StepResult`.
+    Any success is not; results that are no `StepResult` (the type's own bug, which no new
+    instance mends) are not counted (None)."""
+    if any(isinstance(r, StepResult) and r.success for r in results):
+        return False
+    if all(isinstance(r, StepResult) for r in results):
+        return True
+    return None
 
 
 def _original(error: BaseException) -> BaseException:

@@ -118,7 +118,27 @@ class SecondShapeStep(EmbedStep):
     resources = {"num_gpus": 1, "memory": 1_000_000}
 
 
+class BrokenGpuStep(cr.JobStep[Doc]):
+    """A GPU-shaped type whose every batch raises, as on a GPU gone bad after `setup`: each
+    records its host's process and instance first."""
+
+    resources = {"num_gpus": 1}
+    batch_size = 1
+
+    async def perform_batch(self, requests: list[Doc], context: cr.BatchContext) -> list[Any]:
+        trace(
+            requests[0].log,
+            event="batch",
+            ns=[r.n for r in requests],
+            actor=ray.get_runtime_context().get_actor_name(),
+            pid=os.getpid(),
+            instance=id(self),
+        )
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
 STEP_TYPES = {
+    "broken": BrokenGpuStep,
     "elastic": ElasticStep,
     "embed": EmbedStep,
     "failing-setup": FailingSetupEmbedStep,

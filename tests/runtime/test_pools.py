@@ -7,12 +7,14 @@ import asyncio
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 
 import choreography_ray as cr
 from choreography_ray.dashboard.actions import RayActions
+from tests.runtime.conftest import actor_is_gone
 from tests.runtime.pool_jobs import EmbedJob, EmbedRequest
 from tests.runtime.test_cli_jobs import cli
 from tests.support import RAY_NAMESPACE, eventually, read_trace
@@ -95,6 +97,64 @@ def test_pool__shown_busy_and_queued_then_a_stop_reaches_every_batch(
     assert state.status is cr.JobStatus.STOPPED
     assert state.progress.stopped_steps == 40
     assert state.progress.successful_steps + state.progress.failed_steps == 0
+
+
+@pytest.mark.slow  # hosts failing 6 batches each and started again: about 20 s
+def test_pool__a_host_whose_batches_keep_failing_is_set_up_again_then_replaced(
+    connect, scope, tmp_path: Path
+):
+    manager = connect().manager(scope, "pools")
+    log = tmp_path / "batches.log"
+    started = manager.start(EmbedJob, EmbedRequest(count=24, log=str(log), step_type="broken"))
+
+    state = manager.wait(started.job_id, timeout=120)
+
+    assert state.status is cr.JobStatus.COMPLETED_WITH_FAILURES
+    assert (state.progress.failed_steps, state.progress.successful_steps) == (24, 0)
+    steps = manager.steps(started.job_id)
+    assert len(steps) == len({step.step_id for step in steps}) == 24  # each counted once
+    message = steps[0].status_changes[-1].exception_messages[0]
+    assert message == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    batches = [event for event in read_trace(log) if event["event"] == "batch"]
+    pids, instances = defaultdict(set), defaultdict(set)
+    for batch in batches:
+        pids[batch["actor"]].add(batch["pid"])
+        instances[batch["pid"]].add(batch["instance"])
+    # A host's process set a new instance up after 3 failures, and was replaced after 6: its
+    # actor ran in a new process (the old one's queued steps started again).
+    assert any(len(seen) >= 2 for seen in pids.values()), dict(pids)
+    assert any(len(seen) == 2 for seen in instances.values()), dict(instances)
+    assert all(len(seen) <= 2 for seen in instances.values()), dict(instances)
+
+
+def test_leave_if_idle__a_host_holding_a_step_stays_and_one_holding_nothing_leaves(
+    connect, scope, tmp_path: Path
+):
+    manager = connect().manager(scope, "pools")
+    log = tmp_path / "batches.log"
+    # One batch of 8 on each host, waiting for the stop.
+    started = manager.start(EmbedJob, EmbedRequest(count=16, log=str(log), wait_for_stop=True))
+    eventually(lambda: len(read_trace(log)) >= 2, timeout=60, what="a batch on each host")
+    node = ray.get_runtime_context().get_node_id()
+    name = f"pool/{SHAPE}/{node}/0"
+    host: Any = ray.get_actor(name, namespace=RAY_NAMESPACE)
+
+    assert ray.get(host.leave_if_idle.remote(), timeout=10) is False
+    described = ray.get(host.describe.remote(), timeout=10)
+    assert (described["idle"], described["leaving"], described["running"]) == (False, False, 8)
+
+    manager.stop(started.job_id)
+    assert manager.wait(started.job_id, timeout=60).status is cr.JobStatus.STOPPED
+    eventually(
+        lambda: ray.get(host.describe.remote(), timeout=10)["idle"],
+        timeout=30,
+        what="the host holding nothing of the stopped job",
+    )
+
+    assert ray.get(host.leave_if_idle.remote(), timeout=10) is True
+    eventually(lambda: actor_is_gone(name), timeout=30, what="the host gone for good")
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(host.describe.remote(), timeout=10)
 
 
 @pytest.mark.slow  # 24 steps of 0.2 s, 3 at a time: about 12 s

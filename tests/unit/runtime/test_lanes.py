@@ -1,6 +1,7 @@
 """Lanes (no Ray): a step type run through one instance of it, set up once, at most
 `concurrency` performs (or batches) at once, a batched type's steps gathered per job into
-batches, a job's waiting steps stopped, and whatever a perform raises kept to its step."""
+batches, a job's waiting steps stopped (also while `setup` runs), whatever a perform raises kept
+to its step, and a lane that keeps failing set up again, then its pool's host replaced."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 from pydantic import BaseModel
@@ -18,7 +19,7 @@ from choreography_ray import JobStep
 from choreography_ray.core.messages import StepStart
 from choreography_ray.runtime.driver import SliceDriver
 from choreography_ray.runtime.lanes import Lane, SetupError
-from choreography_ray.step import BatchContext, StepContext
+from choreography_ray.step import BatchContext, StepContext, StepResult
 from tests.unit.core.harness import eventually
 
 pytestmark = pytest.mark.timeout(10)
@@ -37,12 +38,18 @@ class Number(BaseModel):
 
 class Host:
     """What a step host gives a lane, recording what the lane does: each step's end as
-    (job_id, step_id, result, error), and the tasks it spawned."""
+    (job_id, step_id, result, error), the tasks it spawned, and how often it asked for the host
+    to be replaced (a pool's type only, as the step host does)."""
 
     def __init__(self, step_type: type[JobStep[Any]], pool: ThreadPoolExecutor) -> None:
         self.finished: list[tuple[str, str, Any, BaseException | None]] = []
         self.tasks: list[asyncio.Task[None]] = []
-        self.lane = Lane(step_type, pool, self.finish, self.spawn)
+        self.replaced = 0
+        replace = self.replace if step_type.resources is not None else None
+        self.lane = Lane(step_type, pool, self.finish, self.spawn, replace)
+
+    def replace(self) -> None:
+        self.replaced += 1
 
     def finish(
         self,
@@ -202,6 +209,157 @@ def test_setup__raising_fails_exactly_the_batch_it_was_called_for() -> None:
         assert host.instance(FlakyBatchSetup).setups == 2
 
     run(FlakyBatchSetup, scenario)
+
+
+class HangingSetup(JobStep[Number]):
+    """Its `setup` never returns."""
+
+    def __init__(self) -> None:
+        self.setting_up = asyncio.Event()
+
+    async def setup(self) -> None:
+        self.setting_up.set()
+        await asyncio.Event().wait()
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        return request.value
+
+
+def test_setup__a_stop_while_it_hangs_ends_the_jobs_queued_steps_stopped_at_once() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2)
+        host.add("b", 1)
+        await host.instance(HangingSetup).setting_up.wait()
+
+        assert host.lane.cancel("a") == 2
+        assert [(job, step, result) for job, step, result, _ in host.finished] == [
+            ("a", "a-1", None),
+            ("a", "a-2", None),
+        ]
+        assert all(isinstance(e, asyncio.CancelledError) for e in host.errors.values())
+        assert list(host.lane.queued) == ["b"] and not host.lane.ready
+        assert host.lane.cancel("b") == 1
+
+    run(HangingSetup, scenario)
+
+
+class Failing(JobStep[Number]):
+    """A step fails when its value is positive, and succeeds otherwise. Each instance records
+    its setups in `setups`, shared by the instances of the type (`instances` made)."""
+
+    setups: ClassVar[list[int]]
+    instances: ClassVar[int]
+
+    def __init__(self) -> None:
+        type(self).instances += 1
+        self.number = type(self).instances
+
+    def setup(self) -> None:
+        type(self).setups.append(self.number)
+
+    async def perform(self, request: Number, context: StepContext) -> StepResult:
+        if request.value > 0:
+            return StepResult.failed(f"no GPU for {request.value}")
+        return StepResult.succeeded()
+
+
+class FailingOnAPool(Failing):
+    resources: ClassVar[dict[str, float] | None] = {}
+
+
+class FailingBatches(Failing):
+    """A pool's batched type whose batches raise while any request is positive."""
+
+    resources: ClassVar[dict[str, float] | None] = {}
+    batch_size = 2
+    batch_wait = 0.0
+
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[Any]:
+        if any(request.value > 0 for request in requests):
+            raise RuntimeError("CUDA error: an illegal memory access")
+        return [StepResult.succeeded() for _ in requests]
+
+
+def fresh(step_type: type[Failing]) -> type[Failing]:
+    step_type.setups, step_type.instances = [], 0
+    return step_type
+
+
+def test_failures__three_in_a_row_set_a_new_instance_up_before_the_next_step() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2, 3, -4)
+        await host.settled(4)
+
+        assert Failing.setups == [1, 2]  # the first instance, then a new one
+        assert host.instance(Failing).number == 2 and host.lane.failures == 0
+        assert host.replaced == 0
+
+    run(fresh(Failing), scenario)
+
+
+@pytest.mark.parametrize(("step_type", "replaced"), [(Failing, 0), (FailingOnAPool, 1)])
+def test_failures__six_in_a_row_replace_a_pools_host_once_and_other_lanes_set_up_again(
+    step_type: type[Failing], replaced: int
+) -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(1, 9))
+        # A pool's lane, set up twice, asks for a new host and takes no more steps: they wait
+        # for the host's end. Another lane sets a new instance up every third failure.
+        await host.settled(6 if replaced else 8)
+
+        assert host.replaced == replaced
+        assert step_type.setups == ([1, 2] if replaced else [1, 2, 3])
+        assert host.lane.waiting == (2 if replaced else 0)
+
+    run(fresh(step_type), scenario)
+
+
+def test_failures__a_success_in_between_starts_the_count_again() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2, -3, 4, 5, -6, 7, 8)
+        await host.settled(8)
+
+        assert FailingOnAPool.setups == [1] and host.replaced == 0
+        assert host.lane.failures == 2
+
+    run(fresh(FailingOnAPool), scenario)
+
+
+def test_failures__batches_that_raise_count_as_failures_of_a_pools_lane() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(1, 15))  # 7 batches of 2, one at a time: the 7th waits
+        await host.settled(12)
+        assert host.lane.waiting == 2
+
+        assert FailingBatches.setups == [1, 2] and host.replaced == 1
+        assert all(isinstance(e, RuntimeError) for e in host.errors.values())
+
+    run(fresh(FailingBatches), scenario)
+
+
+def test_failures__a_failing_setup_counts_and_fails_one_batch_each_time() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", *range(1, 9))
+        await host.settled(6)
+
+        assert host.replaced == 1 and len(AlwaysFailingSetup.calls) == 6
+        assert all(isinstance(e, SetupError) for e in host.errors.values())
+        assert host.lane.waiting == 2
+
+    AlwaysFailingSetup.calls = []
+    run(AlwaysFailingSetup, scenario)
+
+
+class AlwaysFailingSetup(JobStep[Number]):
+    resources: ClassVar[dict[str, float] | None] = {}
+    calls: ClassVar[list[int]]
+
+    def setup(self) -> None:
+        self.calls.append(1)
+        raise OSError("no device")
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        return request.value
 
 
 # Concurrency
