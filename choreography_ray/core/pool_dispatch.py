@@ -55,8 +55,17 @@ def room_for(a: JobCore, placement_of: Callable[[str], Placement]) -> Callable[[
 
 
 def free(a: JobCore, where: Placement, hosts: tuple[str, ...] | list[str]) -> dict[str, int]:
-    """Each host's room for the job's steps of the pool."""
-    return {host: max(0, where.credit - a.window.load(host)) for host in hosts}
+    """Each host's room for the job's steps of the pool: its credit, or one round while more
+    hosts of the pool are on their way (they get their share once placed)."""
+    assert where.shape is not None
+    growing = a.hosts.pool_growing(where.shape)
+    holds = _round(where) if growing else where.credit
+    return {host: max(0, holds - a.window.load(host)) for host in hosts}
+
+
+def _round(where: Placement) -> int:
+    """What one host of the pool runs at once: `concurrency × batch_size`."""
+    return max(1, where.credit // ROUNDS_PER_HOST)
 
 
 def share_out(
@@ -67,7 +76,7 @@ def share_out(
     fills first; and the steps no host has room for."""
     assert where.shape is not None
     room = free(a, where, a.hosts.pool_hosts(where.shape) or ())
-    chunk = max(1, where.credit // ROUNDS_PER_HOST)
+    chunk = _round(where)
     shares: dict[str, list[StepStart]] = {}
     begin = 0
     while begin < len(starts):

@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 from choreography_ray.core.placement import RAY_NAMES, hosts_fit, node_cap
 
-#: Seconds a job's demand counts without being said again (a job that ended stops saying it).
-DEMAND_SECONDS = 10.0
+#: Seconds a job's demand counts without being said again (a job says it every second; one
+#: whose actor died stops saying it).
+DEMAND_SECONDS = 5.0
 #: Seconds a host may stay unplaced before the owner kills it: Ray could not place it where it
 #: was pinned (another actor took what the node had free when it was created).
 PLACE_GRACE = 15.0

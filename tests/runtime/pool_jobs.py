@@ -27,9 +27,11 @@ class Doc(BaseModel):
 
 
 class EmbedStep(cr.JobStep[Doc]):
-    """A GPU-shaped type performing batches of up to 8 steps, one batch at a time a host."""
+    """A GPU-shaped type performing batches of up to 8 steps, one batch at a time a host, on
+    both of the session cluster's GPUs however few its steps (`min_hosts`)."""
 
     resources = {"num_gpus": 1}
+    min_hosts = 2
     batch_size = 8
     batch_wait = 0.05
 

@@ -38,7 +38,8 @@ def test_pool__batches_on_gpu_shaped_hosts_each_set_up_once(connect, scope, tmp_
     by_host = defaultdict(list)
     for batch in batches:
         by_host[(batch["actor"], batch["pid"])].append(batch)
-    # Both hosts of the node took a share, each reserving a GPU of its own.
+    # The hosts of the node took a share each (the first one placed starts alone, a round at
+    # a time until the other is placed), each reserving a GPU of its own.
     assert {actor for actor, _ in by_host} == {f"pool/{SHAPE}/{node}/0", f"pool/{SHAPE}/{node}/1"}
     gpus = {tuple(batch["gpus"]) for batch in batches}
     assert len(gpus) == 2 and all(len(ids) == 1 for ids in gpus)
@@ -80,13 +81,20 @@ def test_pool__shown_busy_and_queued_then_a_stop_reaches_every_batch(
     eventually(lambda: len(read_trace(log)) >= 2, timeout=60, what="a batch on each host")
     node = ray.get_runtime_context().get_node_id()
     shown = cr.PoolState(shape=SHAPE, hosts=2, busy=16, queued=24, nodes=(node,))
-    assert jobs.pools() == [shown]
+    # What the jobs hold back for the pool (none of this job's 40 steps) is the pools' owner's
+    # word, where a job of an earlier test may still count for a few seconds.
+    shown_now = [pool.model_copy(update={"waiting": 0, "wanted": 0}) for pool in jobs.pools()]
+    assert shown_now == [shown]
     # The dashboard's job page asks the job's actor (its own process is in the cluster here).
     actions = RayActions(storage_url, ray_namespace=RAY_NAMESPACE)
-    assert asyncio.run(actions.job_pools(started.job_id)) == [shown]
+    on_page = asyncio.run(actions.job_pools(started.job_id))
+    assert [p.model_copy(update={"waiting": 0, "wanted": 0}) for p in on_page] == [shown]
     address = ["--address", str(ray.get_runtime_context().gcs_address)]
     listed = cli("pools", *address, "--ray-namespace", RAY_NAMESPACE, "--json")
-    assert [cr.PoolState(**pool) for pool in json.loads(listed.stdout)] == [shown], listed.stderr
+    printed = [cr.PoolState(**pool) for pool in json.loads(listed.stdout)]
+    assert [p.model_copy(update={"waiting": 0, "wanted": 0}) for p in printed] == [shown], (
+        listed.stderr
+    )
     show = ["jobs", "show", started.job_id, "--storage", storage_url, *address]
     table = cli(*show, "--ray-namespace", RAY_NAMESPACE).stdout
     assert "Pools" in table and SHAPE in table and " 16 " in table and " 24 " in table, table

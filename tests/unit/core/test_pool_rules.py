@@ -415,14 +415,15 @@ def test_seen__a_placed_host_listed_not_alive_again_gets_no_steps() -> None:
 
 def test_demand__expires_after_demand_seconds_unless_said_again() -> None:
     rules = PoolRules()
+    half = DEMAND_SECONDS / 2
     rules.say("a", [demand(GPU, 20)], 0.0)
-    rules.say("b", [demand(GPU, 20)], 5.0)
+    rules.say("b", [demand(GPU, 20)], half)
     assert rules.waiting(DEMAND_SECONDS) == {shape_name(GPU): 40}
-    assert rules.waiting(DEMAND_SECONDS + 1) == {shape_name(GPU): 20}
+    assert rules.waiting(DEMAND_SECONDS + 0.1) == {shape_name(GPU): 20}
     assert list(rules.demand) == [(shape_name(GPU), "b")]
-    rules.say("b", [demand(GPU, 20)], DEMAND_SECONDS + 4)
-    assert rules.wanted(DEMAND_SECONDS + 12)[shape_name(GPU)][0] == 2
-    assert rules.wanted(2 * DEMAND_SECONDS + 5) == {}
+    rules.say("b", [demand(GPU, 20)], DEMAND_SECONDS + 1)
+    assert rules.wanted(2 * DEMAND_SECONDS + 0.5)[shape_name(GPU)][0] == 2
+    assert rules.wanted(2 * DEMAND_SECONDS + 2) == {}
     assert rules.demand == {}
 
 
