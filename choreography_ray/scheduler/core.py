@@ -89,7 +89,11 @@ class SchedulerCore:
     async def start(self, *, loops: bool = True) -> None:
         """Tries the lock once, then (with `loops`) keeps it and runs the two loops. Warns when
         the backoff of `default_max_retries` retries alone reaches the failure window."""
-        warning = failures.backoff_warning(self.options)
+        try:  # the warning never keeps the scheduler from starting
+            warning = failures.backoff_warning(self.options)
+        except Exception:
+            log.exception("%s: the backoff warning failed", self.tasks.owner)
+            warning = None
         if warning:
             log.warning("%s: %s", self.tasks.owner, warning)
         try:
