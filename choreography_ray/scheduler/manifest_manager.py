@@ -78,7 +78,7 @@ async def gather(
     parent_runs: list[ManifestRun] = []
     if manifest.parent is not None:
         parent_runs = await storage.list_runs(scope, manifest.parent, HISTORY_RUNS)
-    latest = cycle.latest_finished(runs)
+    latest = cycle.latest_finished(cycle.own_runs(runs))
     decisions = {}
     found: dict[str, list[Checkpoint]] = {}
     if latest is not None and latest.status is RunStatus.FAILED:
@@ -213,8 +213,8 @@ class ManifestManager:
         return done
 
     async def _save_checkpoint(self, run: ManifestRun, view: JobView, now: datetime) -> None:
-        """A failed run of a job type that opts in: its latest checkpoint, stored before the
-        run is settled (so the cycle that sees it failed sees its checkpoint)."""
+        """A failed or cancelled run of a job type that opts in: its latest checkpoint, stored
+        before the run is settled (so the cycle that sees it ended sees its checkpoint)."""
         stage = checkpoints.latest_checkpoint(view.stages)
         if stage is None or not self.jobs.checkpoint_stages(run.job_type):
             return
@@ -246,7 +246,8 @@ class ManifestManager:
                 if view is None:
                     update["error"] = f"its job {run.job_id} was removed"
                 else:
-                    if status is RunStatus.FAILED:
+                    if status in (RunStatus.FAILED, RunStatus.CANCELLED):
+                        # A cancelled run (a timeout, a stop) resumes too (`resume_execution`).
                         await self._save_checkpoint(run, view, now)
                     if view.resumed_after is None:  # its job ran from the top
                         update["resumed_from"] = None

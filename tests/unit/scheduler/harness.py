@@ -126,7 +126,8 @@ class FakeJobs:
     async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
         """As the manager does: the job is stopped, and (no step holding it) its stop final."""
         self.stopped.append(job_id)
-        self.jobs[job_id] = JobView(JobStatus.STOPPED, stop_finalized=True)
+        stages = self.jobs[job_id].stages if job_id in self.jobs else ()
+        self.jobs[job_id] = JobView(JobStatus.STOPPED, stop_finalized=True, stages=stages)
 
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         if self.release_error is not None:

@@ -94,6 +94,8 @@ def test_trigger__an_operators_queued_requeue_is_the_run_in_flight() -> None:
         (failed,) = await core.runs("m")
         assert failed.status is RunStatus.FAILED
         again = await core.requeue_execution(failed.id)  # queued: holds no manifest key
+        (letter,) = await core.dead_letters("m")
+        await core.acknowledge(letter.id, "seen")  # a dead-lettered manifest is not triggered
         answer = await core.trigger("m")
         assert answer.run_id == again.run_id and answer.already_dispatched
         assert [e.run_id for e in await h.storage.queued_entries("s", "m")] == [again.run_id]
