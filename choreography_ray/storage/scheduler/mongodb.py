@@ -48,6 +48,7 @@ the replay marker (`_unlink`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
@@ -76,9 +77,13 @@ from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import (
     Enqueued,
     QueueKey,
+    SchedulerStorage,
     entry_keys,
+    fence_error,
     given_up_keys,
+    holds,
     in_play,
+    kept_resolutions,
     lease_for,
     settle_keys,
 )
@@ -211,6 +216,8 @@ class MongoSchedulerStorage:
     def __init__(self, storage: MongoStorage) -> None:
         self.storage = storage
         self._indexed = False
+        #: (lease name, holder) whose lease every write checks just before it, or None.
+        self._fence: tuple[str, str] | None = None
 
     async def _run(self, operation: Callable[[Database[Doc]], _T]) -> _T:
         def run(db: Database[Doc]) -> _T:
@@ -222,6 +229,28 @@ class MongoSchedulerStorage:
             return operation(db)
 
         return await self.storage._run(run)
+
+    async def _write(self, operation: Callable[[Database[Doc]], _T]) -> _T:
+        """`operation`, a write of the scheduler's; a fenced storage reads its lease on the
+        database's clock just before it, and refuses the write when it no longer holds it."""
+        fence = self._fence
+        if fence is None:
+            return await self._run(operation)
+
+        def fenced(db: Database[Doc]) -> _T:
+            name, holder = fence
+            found = db.scheduler_locks.find_one({"_id": name})
+            lease = _parse(SchedulerLease, "scheduler_locks", dict(found) if found else None)
+            if not holds(lease, holder, _server_now(db)):
+                raise fence_error(name, holder, "the write")
+            return operation(db)
+
+        return await self._run(fenced)
+
+    def fenced(self, name: str, holder: str) -> SchedulerStorage:
+        twin = copy.copy(self)
+        twin._fence = (name, holder)
+        return twin
 
     async def now(self) -> datetime:
         return await self._run(_server_now)
@@ -240,7 +269,7 @@ class MongoSchedulerStorage:
             db.manifests.update_one({"_id": key}, change, upsert=True)
             return db.manifests.find_one({"_id": key})
 
-        stored = _parse(Manifest, "manifests", await self._run(upsert))
+        stored = _parse(Manifest, "manifests", await self._write(upsert))
         assert stored is not None
         return stored
 
@@ -282,7 +311,7 @@ class MongoSchedulerStorage:
                     _unlink(db, doc, done)
             return cleared
 
-        return await self._run(write)
+        return await self._write(write)
 
     # work queue
     async def enqueue(
@@ -319,16 +348,22 @@ class MongoSchedulerStorage:
             db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
             return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
 
-        return await self._run(write)
+        return await self._write(write)
 
     async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
         def claim(db: Database[Doc]) -> list[Doc]:
             now = _iso(_server_now(db))
-            due = {"scope": scope, "status": _QUEUED,
-                   "$or": [{"scheduled_at": None}, {"scheduled_at": {"$lte": now}}]}  # fmt: skip
-            candidates = list(
-                db.work_queue.find(due, {"_id": 1}).sort("created_at", 1).limit(limit)
-            )
+            # In due order, as the other providers: an entry with no `scheduled_at` is due from
+            # its `created_at`. Two sorted reads merged (nx-27017 has no `$ifNull` sort key).
+            fields = {"_id": 1, "scheduled_at": 1, "created_at": 1}
+            queued = {"scope": scope, "status": _QUEUED}
+            at_once = db.work_queue.find({**queued, "scheduled_at": None}, fields)
+            delayed = db.work_queue.find({**queued, "scheduled_at": {"$ne": None, "$lte": now}},
+                                         fields)  # fmt: skip
+            found = [*at_once.sort("created_at", 1).limit(limit),
+                     *delayed.sort("scheduled_at", 1).limit(limit)]  # fmt: skip
+            found.sort(key=lambda d: (d.get("scheduled_at") or d["created_at"], d["created_at"]))
+            candidates = found[:limit]
             claimed = []
             for candidate in candidates:
                 doc = db.work_queue.find_one_and_update(
@@ -342,7 +377,7 @@ class MongoSchedulerStorage:
                     claimed.append(doc)
             return claimed
 
-        return _parse_all(WorkEntry, "work_queue", await self._run(claim))
+        return _parse_all(WorkEntry, "work_queue", await self._write(claim))
 
     async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
         def write(db: Database[Doc]) -> Doc | None:
@@ -358,9 +393,11 @@ class MongoSchedulerStorage:
                 _unlink(db, before, before.get("replays") is not None)
             return db.work_queue.find_one({"_id": entry_id})
 
-        return _parse(WorkEntry, "work_queue", await self._run(write))
+        return _parse(WorkEntry, "work_queue", await self._write(write))
 
-    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+    async def requeue_dispatch(
+        self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
+    ) -> WorkEntry | None:
         def write(db: Database[Doc]) -> Doc | None:
             entry = _parse(WorkEntry, "work_queue", db.work_queue.find_one({"_id": entry_id}))
             if entry is None or entry.status is not WorkStatus.DISPATCHED:
@@ -369,17 +406,21 @@ class MongoSchedulerStorage:
             taken, markers = _take_keys(db, entry, now)
             scheduled = _iso(now + delay) if delay > timedelta(0) else None
             change = {**given_up_keys(taken), "status": _QUEUED, "scheduled_at": scheduled}
+            if not count_attempt:  # as read: the claim is the write before this one
+                change["dispatch_attempts"] = entry.dispatch_attempts - 1
             only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value}
             if not db.work_queue.update_one(only, {"$set": change}).matched_count:
                 _drop_keys(db, entry_id, markers)
                 return None
             return db.work_queue.find_one({"_id": entry_id})
 
-        return _parse(WorkEntry, "work_queue", await self._run(write))
+        return _parse(WorkEntry, "work_queue", await self._write(write))
 
-    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+    async def cancel_entry(
+        self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
+    ) -> bool:
         def write(db: Database[Doc]) -> bool:
-            only = {"_id": entry_id, "status": _QUEUED}
+            only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value if claimed else _QUEUED}
             done = db.work_queue.update_one(only, {"$set": {"status": WorkStatus.CANCELLED.value}})
             if done.matched_count:
                 _drop_keys(db, entry_id)
@@ -387,7 +428,7 @@ class MongoSchedulerStorage:
                     db.runs.replace_one({"_id": run.id}, _doc(run, run.id), upsert=True)
             return bool(done.matched_count)
 
-        return await self._run(write)
+        return await self._write(write)
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:
         doc = await self._run(lambda db: db.work_queue.find_one({"_id": entry_id}))
@@ -404,7 +445,7 @@ class MongoSchedulerStorage:
     # runs
     async def save_run(self, run: ManifestRun) -> None:
         doc = _doc(run, run.id)
-        await self._run(lambda db: db.runs.replace_one({"_id": run.id}, doc, upsert=True))
+        await self._write(lambda db: db.runs.replace_one({"_id": run.id}, doc, upsert=True))
 
     async def get_run(self, run_id: str) -> ManifestRun | None:
         return _parse(
@@ -435,6 +476,19 @@ class MongoSchedulerStorage:
         order = [("queued_at", -1), ("_id", -1)]
         docs = await self._run(lambda db: list(db.runs.find(query).sort(order)))
         return [r for r in _parse_all(ManifestRun, "runs", docs) if in_play(r, failed_since)]
+
+    async def delete_runs(self, run_ids: Collection[str]) -> int:
+        ids = list(dict.fromkeys(run_ids))
+
+        def delete(db: Database[Doc]) -> int:
+            found = {"_id": {"$in": ids}}
+            entries = [d.get("entry_id") for d in db.runs.find(found, {"entry_id": 1})]
+            db.work_queue.delete_many({"_id": {"$in": entries}, "status": {"$ne": _QUEUED}})
+            db.decisions.delete_many({"run_id": {"$in": ids}})
+            db.checkpoints.delete_many({"run_id": {"$in": ids}})
+            return int(db.runs.delete_many(found).deleted_count)  # last: a cut-short delete
+
+        return await self._write(delete) if ids else 0
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         docs = await self._run(lambda db: list(db.runs.find({"replays": run_id})))
@@ -471,7 +525,7 @@ class MongoSchedulerStorage:
             db.dead_letters.insert_one(doc)
             return True
 
-        return await self._run(write)
+        return await self._write(write)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         doc = await self._run(lambda db: db.dead_letters.find_one({"_id": dead_letter_id}))
@@ -503,12 +557,28 @@ class MongoSchedulerStorage:
                 db.dead_letter_keys.delete_one({"dead_letter_id": dead_letter_id})
             return resolved
 
-        return _parse(DeadLetter, "dead_letters", await self._run(write))
+        return _parse(DeadLetter, "dead_letters", await self._write(write))
 
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
         query = {"resolved_at": {"$ne": None, "$lt": _iso(before)}}
-        done = await self._run(lambda db: db.dead_letters.delete_many(query))
-        return int(done.deleted_count)
+
+        def delete(db: Database[Doc]) -> int:
+            # Each manifest's latest resolution of each status stays: read per manifest with
+            # an old one (nx-27017 has no compound `$group` keys), then the rest deleted.
+            old = _parse_all(DeadLetter, "dead_letters", list(db.dead_letters.find(query)))
+            manifests = {(d.scope, d.manifest) for d in old}
+            resolved: list[DeadLetter] = []
+            for scope, name in manifests:
+                found = {"scope": scope, "manifest": name, "resolved_at": {"$ne": None}}
+                docs = list(db.dead_letters.find(found))
+                resolved += _parse_all(DeadLetter, "dead_letters", docs)
+            kept = kept_resolutions(resolved)
+            doomed = [d.id for d in old if d.id not in kept]
+            if not doomed:
+                return 0
+            return int(db.dead_letters.delete_many({"_id": {"$in": doomed}}).deleted_count)
+
+        return await self._write(delete)
 
     # decisions and checkpoints
     async def record_decision(self, decision: Decision) -> Decision:
@@ -536,7 +606,7 @@ class MongoSchedulerStorage:
     async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         key = f"{checkpoint.run_id}/{checkpoint.stage}"
         doc = _doc(checkpoint, key)
-        await self._run(lambda db: db.checkpoints.replace_one({"_id": key}, doc, upsert=True))
+        await self._write(lambda db: db.checkpoints.replace_one({"_id": key}, doc, upsert=True))
 
     async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         docs = await self._run(

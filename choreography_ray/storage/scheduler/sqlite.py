@@ -34,6 +34,7 @@ connection's; the unique indexes are the backstop.
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
@@ -57,8 +58,11 @@ from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkS
 from choreography_ray.storage.scheduler import (
     Enqueued,
     QueueKey,
+    SchedulerStorage,
     entry_keys,
+    fence_error,
     given_up_keys,
+    holds,
     lease_for,
     merge_manifest,
     settle_keys,
@@ -111,6 +115,8 @@ CREATE TABLE IF NOT EXISTS scheduler_locks (
 #: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
 _NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
 _QUEUED = WorkStatus.QUEUED.value
+#: Ids per statement of a delete (SQLite's default limit of bound parameters is 999).
+_BATCH = 500
 _AWAITING = DeadLetterStatus.AWAITING_INTERVENTION.value
 #: One dead letter per manifest awaits intervention (created apart: an older file may hold two).
 _ONE_AWAITING = f"""CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_unique_awaiting ON
@@ -186,6 +192,13 @@ class SqliteSchedulerStorage:
     def __init__(self, storage: SqliteStorage) -> None:
         self.storage = storage
         self._laid_out = False
+        #: (lease name, holder) whose lease every write checks in its transaction, or None.
+        self._fence: tuple[str, str] | None = None
+
+    def fenced(self, name: str, holder: str) -> SchedulerStorage:
+        twin = copy.copy(self)
+        twin._fence = (name, holder)
+        return twin
 
     async def _ready(self) -> None:
         if not self._laid_out:
@@ -196,11 +209,21 @@ class SqliteSchedulerStorage:
                 await self.storage._write(_lay_out)
             self._laid_out = True
 
-    async def _transact(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """`work` in one BEGIN IMMEDIATE transaction; its result."""
+    async def _transact(
+        self, work: Callable[[sqlite3.Connection], _T], *, fence: bool = True
+    ) -> _T:
+        """`work` in one BEGIN IMMEDIATE transaction; its result. A fenced storage checks its
+        lease first in the same transaction (`fence`: the lease's own writes do not)."""
         await self._ready()
         out: list[_T] = []
-        await self.storage._write(lambda c: out.append(work(c)))
+        fenced = self._fence if fence else None
+
+        def transaction(c: sqlite3.Connection) -> None:
+            if fenced is not None:
+                _check_fence(c, *fenced)
+            out.append(work(c))
+
+        await self.storage._write(transaction)
         return out[0]
 
     async def _docs(self, sql: str, *args: object) -> list[tuple[str, str]]:
@@ -218,7 +241,9 @@ class SqliteSchedulerStorage:
         return self._parsed(model, table, await self._docs(sql, *given.values(), limit))
 
     async def now(self) -> datetime:
-        return await self._transact(_db_now)
+        # A read outside any write transaction: reading the clock takes no write lock.
+        await self._ready()
+        return await self.storage._run(_db_now)
 
     # manifests
     async def upsert_manifest(self, manifest: Manifest, stated: Collection[str]) -> Manifest:
@@ -350,23 +375,29 @@ class SqliteSchedulerStorage:
 
         return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change))
 
-    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+    async def requeue_dispatch(
+        self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
+    ) -> WorkEntry | None:
         def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
             update = given_up_keys(_taken(c, entry, besides=entry_id))
             scheduled = _db_now(c, delay) if delay > timedelta(0) else None
-            return entry.model_copy(
-                update={**update, "status": WorkStatus.QUEUED, "scheduled_at": scheduled}
-            )
+            attempts = entry.dispatch_attempts - (0 if count_attempt else 1)
+            return entry.model_copy(update={**update, "status": WorkStatus.QUEUED,
+                                            "scheduled_at": scheduled,
+                                            "dispatch_attempts": attempts})  # fmt: skip
 
         return await self._transact(self._change(entry_id, WorkStatus.DISPATCHED, change))
 
-    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+    async def cancel_entry(
+        self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
+    ) -> bool:
         def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
             if run is not None:
                 _save_run(c, run)
             return entry.model_copy(update={"status": WorkStatus.CANCELLED})
 
-        return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change)) is not None
+        wanted = WorkStatus.DISPATCHED if claimed else WorkStatus.QUEUED
+        return await self._transact(self._change(entry_id, wanted, change)) is not None
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:
         return next(iter(await self._find(WorkEntry, "work_queue", id=entry_id)), None)
@@ -397,6 +428,24 @@ class SqliteSchedulerStorage:
             '$.started_at'), queued_at)) >= julianday(?))) ORDER BY queued_at DESC, id DESC"""
         rows = await self._docs(sql, scope, manifest, RunStatus.FAILED.value, _iso(failed_since))
         return self._parsed(ManifestRun, "runs", rows)
+
+    async def delete_runs(self, run_ids: Collection[str]) -> int:
+        ids = list(dict.fromkeys(run_ids))
+
+        def delete(c: sqlite3.Connection) -> int:
+            deleted = 0
+            for at in range(0, len(ids), _BATCH):
+                batch = ids[at : at + _BATCH]
+                marks = ", ".join("?" * len(batch))
+                c.execute(f"""DELETE FROM work_queue WHERE status != ? AND id IN (SELECT
+                    json_extract(doc, '$.entry_id') FROM runs WHERE id IN ({marks}))""",
+                          (_QUEUED, *batch))  # fmt: skip
+                for table in ("decisions", "checkpoints"):
+                    c.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", batch)
+                deleted += c.execute(f"DELETE FROM runs WHERE id IN ({marks})", batch).rowcount
+            return deleted
+
+        return await self._transact(delete)
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return await self._find(ManifestRun, "runs", replays=run_id)
@@ -450,7 +499,11 @@ class SqliteSchedulerStorage:
 
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
         def delete(c: sqlite3.Connection) -> int:
-            sql = "DELETE FROM dead_letters WHERE resolved_at IS NOT NULL AND resolved_at < ?"
+            # Each manifest's latest resolution of each status stays (`kept_resolutions`).
+            sql = """DELETE FROM dead_letters WHERE resolved_at IS NOT NULL AND resolved_at < ?
+                AND id NOT IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY
+                scope, manifest, status ORDER BY resolved_at DESC, id DESC) AS n FROM
+                dead_letters WHERE resolved_at IS NOT NULL) WHERE n = 1)"""
             return int(c.execute(sql, (_iso(before),)).rowcount)
 
         return await self._transact(delete)
@@ -463,7 +516,8 @@ class SqliteSchedulerStorage:
             sql = "SELECT doc FROM decisions WHERE run_id = ? AND key = ?"
             return str(c.execute(sql, (decision.run_id, decision.key)).fetchone()[0])
 
-        return _parse(Decision, "decisions", decision.key, await self._transact(write))
+        record = await self._transact(write, fence=False)  # a step host's, not the scheduler's
+        return _parse(Decision, "decisions", decision.key, record)
 
     async def list_decisions(self, run_id: str) -> list[Decision]:
         rows = await self._docs(
@@ -497,18 +551,25 @@ class SqliteSchedulerStorage:
                           (name, lease.model_dump_json()))  # fmt: skip
             return lease
 
-        return await self._transact(write)
+        return await self._transact(write, fence=False)
 
     async def release_lease(self, name: str, holder: str) -> bool:
         def delete(c: sqlite3.Connection) -> bool:
             sql = "DELETE FROM scheduler_locks WHERE name = ? AND json_extract(doc, '$.holder') = ?"
             return int(c.execute(sql, (name, holder)).rowcount) == 1
 
-        return await self._transact(delete)
+        return await self._transact(delete, fence=False)
 
     async def get_lease(self, name: str) -> SchedulerLease | None:
         rows = await self._docs("SELECT name, doc FROM scheduler_locks WHERE name = ?", name)
         return next(iter(self._parsed(SchedulerLease, "scheduler_locks", rows)), None)
+
+
+def _check_fence(c: sqlite3.Connection, name: str, holder: str) -> None:
+    row = c.execute("SELECT doc FROM scheduler_locks WHERE name = ?", (name,)).fetchone()
+    lease = None if row is None else _parse(SchedulerLease, "scheduler_locks", name, row[0])
+    if not holds(lease, holder, _db_now(c)):
+        raise fence_error(name, holder, "the write")
 
 
 def _lay_out(c: sqlite3.Connection) -> None:

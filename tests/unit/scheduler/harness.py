@@ -160,6 +160,8 @@ class Harness:
         cycle = self.options.manifest_cycle.total_seconds()
         for _ in range(round(seconds / step)):
             if self._elapsed % cycle < 1e-9 or cycle - self._elapsed % cycle < 1e-9:
+                # The lease is renewed as the lock's loop would (its expiry is on this clock).
+                await self.core.lock.keep()
                 await self.core.run_cycle()
             await self.core.dispatch_due()
             self.clock.advance(step)

@@ -262,9 +262,12 @@ def test_dispatch__a_stuck_jobs_manager_holds_up_no_other_namespace() -> None:
             await core.schedule(name, JOB, {}, Every.hours(1), namespace=namespace)
         await h.run_for(0.5)  # one cycle, one dispatch: a1 times out, a2 waits, b starts
         status = {r.manifest: r.status for r in await core.runs()}
-        assert status == {"a1": RunStatus.DISPATCH_REQUEUED, "a2": RunStatus.DISPATCH_REQUEUED,
+        assert status == {"a1": RunStatus.DISPATCH_REQUEUED, "a2": RunStatus.QUEUED,
                           "b": RunStatus.RUNNING}  # fmt: skip
         assert len(h.jobs.attempts) == 2  # a2's start was not tried behind a1's
+        # ... and used up no dispatch attempt (issue 36, item 9): it is due at the next one.
+        (a2,) = await h.storage.queued_entries("s", "a2")
+        assert a2.dispatch_attempts == 0 and a2.scheduled_at is None
         assert (await core.trigger("b")).already_dispatched  # operations move too
 
     run(scenario)
