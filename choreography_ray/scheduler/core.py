@@ -38,7 +38,7 @@ from choreography_ray.scheduler.records import (
 )
 from choreography_ray.scheduler.schedules import Schedule
 from choreography_ray.scheduler.status import DeadLetterStatus
-from choreography_ray.storage.scheduler import SchedulerStorage
+from choreography_ray.storage.scheduler import SchedulerStorage, fenced
 
 log = get_logger(__name__)
 
@@ -80,7 +80,7 @@ class SchedulerCore:
         self.lock = SchedulerLock(storage, scope, holder, options.lock_ttl, monotonic)
         # Each write checks the lock here first, and the lease in the same write (a fence: a
         # scheduler whose lease a successor took writes nothing, whatever its clock says).
-        writes = guarded(storage.fenced(self.lock.name, holder), self.lock)
+        writes = guarded(fenced(storage, self.lock.name, holder), self.lock)
         self.dispatcher = Dispatcher(scope, writes, jobs, options)
         self.manager = ManifestManager(scope, writes, jobs, options, self.dispatcher.failed)
         self.ops = Operations(scope, writes, options, self.manager)

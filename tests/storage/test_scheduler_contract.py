@@ -444,7 +444,7 @@ async def test_sqlite_run_for_job__uses_the_job_id_index(tmp_path: Path) -> None
         await sched.save_run(ManifestRun(scope=SCOPE, manifest="m", job_type="J", job_id="j"))
     finally:
         await storage.close()
-    from choreography_ray.storage.scheduler.sqlite import _RUN_JOB
+    from choreography_ray.storage.scheduler.sqlite_rows import _RUN_JOB
 
     with sqlite3.connect(tmp_path / "runs.db") as c:
         plan = c.execute(f"EXPLAIN QUERY PLAN SELECT id, doc FROM runs WHERE {_RUN_JOB} = ?",

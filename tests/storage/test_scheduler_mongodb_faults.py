@@ -32,6 +32,7 @@ from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkS
 from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import Refusal
 from choreography_ray.storage.scheduler import mongodb as provider
+from choreography_ray.storage.scheduler import mongodb_docs as docs
 from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
 from tests.mongo_proxy import SHORT_DEADLINES, FaultProxy
 
@@ -95,7 +96,7 @@ async def test_lost_ack__an_enqueued_entry_keeps_its_manifest_key_for_the_next_c
     """The entry was written but its reply lost (its run was not): it still holds the manifest
     key, so the next cycle's new entry is refused rather than queued beside it (the cycle
     then cancels the entry that names no run, `ManifestManager._cancel_orphans`)."""
-    take_keys = provider._take_keys
+    take_keys = docs._take_keys
 
     def then_lose_the_entry(*args: Any) -> Any:
         taken = take_keys(*args)

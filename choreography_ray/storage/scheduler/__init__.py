@@ -37,7 +37,7 @@ import enum
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.scheduler.records import (
@@ -357,6 +357,36 @@ class SchedulerStorage(Protocol):
         clock, checked in the same write: a scheduler that lost its lease to a successor or
         another cluster writes nothing more (SQLite: in the write's transaction; memory: in
         the same step; MongoDB: read just before the write, see its module)."""
+
+
+class _CheckedFirst:
+    """A fence for a storage that has none of its own (a proxy, such as the memory storage
+    shared through an actor on Ray): each write reads the lease on the database's clock just
+    before it, as MongoDB's fence does."""
+
+    def __init__(self, storage: SchedulerStorage, name: str, holder: str) -> None:
+        self._storage, self._name, self._holder = storage, name, holder
+
+    def __getattr__(self, method: str) -> Any:
+        found = getattr(self._storage, method)
+        if method not in FENCED_WRITES:
+            return found
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            lease = await self._storage.get_lease(self._name)
+            if not holds(lease, self._holder, await self._storage.now()):
+                raise fence_error(self._name, self._holder, method)
+            return await found(*args, **kwargs)
+
+        return write
+
+
+def fenced(storage: SchedulerStorage, name: str, holder: str) -> SchedulerStorage:
+    """`storage.fenced(name, holder)`, or for a storage whose class has no fence of its own
+    (a proxy) one that reads the lease just before each write."""
+    if callable(getattr(type(storage), "fenced", None)):
+        return storage.fenced(name, holder)
+    return cast(SchedulerStorage, _CheckedFirst(storage, name, holder))
 
 
 def scheduler_storage(storage: Storage) -> SchedulerStorage:

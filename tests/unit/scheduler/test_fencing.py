@@ -6,11 +6,16 @@ writing beside the new holder."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.scheduler.schedules import Every
-from tests.unit.scheduler.harness import JOB, Harness, run
+from choreography_ray.storage.scheduler import fenced
+from choreography_ray.storage.scheduler.memory import MemorySchedulerStorage
+from tests.storage.test_scheduler_contract import queued
+from tests.unit.scheduler.harness import JOB, Clock, Harness, run
 
 
 def test_a_predecessor_whose_lease_was_taken_over_writes_nothing() -> None:
@@ -55,5 +60,30 @@ def test_a_holder_whose_lease_expired_on_the_databases_clock_writes_nothing() ->
         assert await h.storage.queued_entries("s") == []
         await core.lock.keep()  # renewed: it writes again
         assert (await core.trigger("m")).run_id is not None
+
+    run(scenario)
+
+
+class Proxy:
+    """A storage forwarded through something that has no fence of its own (as the memory
+    storage shared through an actor on Ray)."""
+
+    def __init__(self, storage: object) -> None:
+        self._storage = storage
+
+    def __getattr__(self, method: str) -> object:
+        return getattr(self._storage, method)
+
+
+def test_a_proxied_storage_is_fenced_by_reading_the_lease_before_each_write() -> None:
+    async def scenario() -> None:
+        storage = MemorySchedulerStorage(Clock())
+        proxy = fenced(Proxy(storage), "scheduler/s", "actor/0001")  # type: ignore[arg-type]
+        await storage.acquire_lease("scheduler/s", "actor/0001", timedelta(seconds=30))
+        assert (await proxy.enqueue(*queued("a"))).entry is not None
+        await storage.acquire_lease("scheduler/s", "actor/0002", timedelta(seconds=30))
+        with pytest.raises(SchedulerOperationError):
+            await proxy.enqueue(*queued("b"))
+        assert [e.manifest for e in await proxy.queued_entries("s")] == ["a"]
 
     run(scenario)
