@@ -11,9 +11,9 @@ from datetime import timedelta
 from choreography_ray.scheduler.port import JobView
 from choreography_ray.scheduler.records import Decision
 from choreography_ray.scheduler.schedules import Every, OnceAt
-from choreography_ray.scheduler.status import DeadLetterStatus
+from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
 from choreography_ray.status import JobStatus
-from tests.unit.scheduler.factory import T0
+from tests.unit.scheduler.factory import T0, run
 from tests.unit.scheduler.harness import JOB, Harness
 from tests.unit.scheduler.harness import run as scenario_run
 
@@ -89,5 +89,29 @@ def test_runs_past_their_retention_are_deleted_with_their_decisions() -> None:
         assert await h.storage.get_run(first.id) is None
         assert await h.storage.list_decisions(first.id) == []
         assert len(h.storage.entries) == len(runs)
+
+    scenario_run(scenario)
+
+
+def test_with_the_defaults_runs_past_the_newest_100_and_30_days_are_deleted() -> None:
+    """Before, runs were never deleted: 150 runs of two months ago stayed for good."""
+
+    async def scenario() -> None:
+        h = Harness()
+        core = await h.start()
+        await core.schedule("m", JOB, {}, Every.hours(1), enabled=False)
+        old = [
+            run(RunStatus.SUCCEEDED, T0 - timedelta(days=60, hours=i), minutes=1)
+            for i in range(150)
+        ]
+        for each in old:
+            await h.storage.save_run(each)
+        await h.storage.record_decision(Decision(run_id=old[-1].id, scope="s", manifest="m",
+                                                 question="q", state_hash="h"))  # fmt: skip
+        await cycles(h, 1)
+
+        kept = await core.runs("m", limit=1000)
+        assert [r.id for r in kept] == [r.id for r in old[:100]]  # the newest 100
+        assert await h.storage.list_decisions(old[-1].id) == []
 
     scenario_run(scenario)
