@@ -11,7 +11,11 @@ until its own monotonic clock says `lock_ttl` has passed since the last renewal 
 renewal that fails (storage unreachable) stops this scheduler before the lease can expire and
 another take it. Every write of the scheduler's loops and operations goes through
 `guarded(storage, lock)`, which checks the lock before it writes: a lease that lapses in the
-middle of a cycle stops that cycle at its next write, so two schedulers never write at once.
+middle of a cycle stops that cycle at its next write. That check is this process's belief;
+the storage's fence (`SchedulerStorage.fenced`, issue 36) checks the lease itself in the same
+write, so a holder whose lease a successor took over at once, or that expired on the
+database's clock while its own clock says otherwise, writes nothing: its refused write marks
+the lock `lost`, and its loops stop until `keep` takes the lease again.
 """
 
 from __future__ import annotations
