@@ -100,6 +100,10 @@ class SchedulerError(enum.StrEnum):
     RUN_NOT_RESUMABLE = "RunNotResumable"
     #: This scheduler does not hold the scope's lock: another one (another cluster) runs it.
     NOT_LOCK_HOLDER = "NotLockHolder"
+    #: A trigger of a disabled manifest: enable it first (`schedule(..., enabled=True)`).
+    MANIFEST_DISABLED = "ManifestDisabled"
+    #: A trigger of a manifest whose dead letter awaits intervention: requeue or acknowledge it.
+    MANIFEST_DEAD_LETTERED = "ManifestDeadLettered"
 
 
 OperationErrorCode: TypeAlias = (

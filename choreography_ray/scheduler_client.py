@@ -37,8 +37,13 @@ from choreography_ray.types import type_path
 
 T = TypeVar("T")
 
-#: Operations that may have run before an answer lost to an actor restart: not repeated.
-_NOT_REPEATED = frozenset({"requeue", "requeue_all", "requeue_execution", "resume_execution"})
+#: Operations that may have run before an answer lost to an actor restart: not repeated (a
+#: repeat would queue a second run, or report an error or a zero count for a call that
+#: succeeded: an acknowledgement, the opt-out's count of cleared links).
+_NOT_REPEATED = frozenset({
+    "requeue", "requeue_all", "requeue_execution", "resume_execution", "acknowledge",
+    "acknowledge_all", "set_replay_decisions_on_retry",
+})  # fmt: skip
 
 
 def job_type_and_request(

@@ -64,7 +64,7 @@ def free(a: JobCore, where: Placement, hosts: tuple[str, ...] | list[str]) -> di
 
 
 def _round(where: Placement) -> int:
-    """What one host of the pool runs at once: `concurrency × batch_size`."""
+    """What one host of the pool runs at once: `concurrency * batch_size`."""
     return max(1, where.credit // ROUNDS_PER_HOST)
 
 

@@ -24,7 +24,7 @@ from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
 from choreography_ray.scheduler import failures
 from choreography_ray.scheduler.dispatcher import Dispatcher
-from choreography_ray.scheduler.lock import SchedulerLock, guarded, lock_name
+from choreography_ray.scheduler.lock import SchedulerLock, guarded, lapsed, lock_name
 from choreography_ray.scheduler.manifest_manager import ManifestManager
 from choreography_ray.scheduler.operations import Operations
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -38,7 +38,7 @@ from choreography_ray.scheduler.records import (
 )
 from choreography_ray.scheduler.schedules import Schedule
 from choreography_ray.scheduler.status import DeadLetterStatus
-from choreography_ray.storage.scheduler import SchedulerStorage
+from choreography_ray.storage.scheduler import SchedulerStorage, fenced
 
 log = get_logger(__name__)
 
@@ -78,7 +78,9 @@ class SchedulerCore:
         self.turns = Turns()
         self.tasks = Supervisor(lock_name(scope))
         self.lock = SchedulerLock(storage, scope, holder, options.lock_ttl, monotonic)
-        writes = guarded(storage, self.lock)  # each write checks the lock first
+        # Each write checks the lock here first, and the lease in the same write (a fence: a
+        # scheduler whose lease a successor took writes nothing, whatever its clock says).
+        writes = guarded(fenced(storage, self.lock.name, holder), self.lock)
         self.dispatcher = Dispatcher(scope, writes, jobs, options)
         self.manager = ManifestManager(scope, writes, jobs, options, self.dispatcher.failed)
         self.ops = Operations(scope, writes, options, self.manager)
@@ -89,7 +91,11 @@ class SchedulerCore:
     async def start(self, *, loops: bool = True) -> None:
         """Tries the lock once, then (with `loops`) keeps it and runs the two loops. Warns when
         the backoff of `default_max_retries` retries alone reaches the failure window."""
-        warning = failures.backoff_warning(self.options)
+        try:  # the warning never keeps the scheduler from starting
+            warning = failures.backoff_warning(self.options)
+        except Exception:
+            log.exception("%s: the backoff warning failed", self.tasks.owner)
+            warning = None
         if warning:
             log.warning("%s: %s", self.tasks.owner, warning)
         try:
@@ -122,7 +128,12 @@ class SchedulerCore:
         if not self.lock.held:
             return False
         async with self.turns.turn("manifest cycle"):
-            await self.manager.cycle()
+            try:
+                await self.manager.cycle()
+            except SchedulerOperationError as error:
+                if not lapsed(error):
+                    raise
+                self.lock.lost(str(error))
         return True
 
     async def dispatch_due(self) -> int:
@@ -130,7 +141,13 @@ class SchedulerCore:
         if not self.lock.held:
             return 0
         async with self.turns.turn("dispatch"):
-            return await self.dispatcher.dispatch_due()
+            try:
+                return await self.dispatcher.dispatch_due()
+            except SchedulerOperationError as error:
+                if not lapsed(error):
+                    raise
+                self.lock.lost(str(error))
+                return 0
 
     # -- operations -------------------------------------------------------------------------
 
@@ -144,7 +161,12 @@ class SchedulerCore:
                 f"another scheduler runs scope {self.scope!r}{other}: {name} is refused here",
             )
         async with self.turns.turn(name):
-            return await operation()
+            try:
+                return await operation()
+            except SchedulerOperationError as error:
+                if lapsed(error):  # fenced: the lease is gone
+                    self.lock.lost(str(error))
+                raise
 
     async def schedule(
         self, name: str, job_type: str, request: dict[str, Any], schedule: Schedule,

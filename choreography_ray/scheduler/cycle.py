@@ -129,13 +129,13 @@ def plan(
         return Wait(WaitReason.DEAD_LETTERED)
     if _holding_entry(history.queued) is not None:
         return Wait(WaitReason.QUEUED)
-    if in_flight(history.runs) is not None:
+    if in_flight(own_runs(history.runs)) is not None:
         return Wait(WaitReason.RUNNING)
     counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
     if failures.exceeds_retries(counted, manifest):
         reason = failures.dead_letter_reason(counted, manifest)
         return DeadLetterIt(reason, len(counted), counted[0].id)
-    parent_success = latest_success(history.parent_runs)
+    parent_success = latest_success(own_runs(history.parent_runs))
     settled = _settled(history)
     due = next_due(manifest, settled, now, parent_success)
     if due is None or due.at > now:
@@ -159,10 +159,10 @@ def outlook(
         return Outlook(n, None, WaitReason.DEAD_LETTERED)
     if (entry := _holding_entry(history.queued)) is not None:
         return Outlook(n, entry.scheduled_at or now, WaitReason.QUEUED)
-    if in_flight(history.runs) is not None:
+    if in_flight(own_runs(history.runs)) is not None:
         return Outlook(n, None, WaitReason.RUNNING)
     settled = _settled(history)
-    due = next_due(manifest, settled, now, latest_success(history.parent_runs))
+    due = next_due(manifest, settled, now, latest_success(own_runs(history.parent_runs)))
     return Outlook(n, None, WaitReason.NOT_DUE) if due is None else Outlook(n, due.at)
 
 
@@ -184,7 +184,7 @@ def trigger(
     if (flying := in_flight(history.runs)) is not None:
         return InFlight(flying)
     counted = failures.counted_failures(history.runs, manifest, history.dead_letters, options, now)
-    parent_success = latest_success(history.parent_runs)
+    parent_success = latest_success(own_runs(history.parent_runs))
     failed = _retry_of(manifest, history.runs, counted, parent_success)
     if failed is None:
         return Queue()
@@ -195,6 +195,13 @@ def trigger(
                      resume_from=queued.resume_from)  # fmt: skip
     return Queue(is_retry=True, replays=queued.replays, afresh=queued.afresh,
                  resume_from=queued.resume_from)  # fmt: skip
+
+
+def own_runs(runs: Sequence[ManifestRun]) -> list[ManifestRun]:
+    """The runs that belong to their manifest's schedule: not those an operator queued for an
+    execution (`requeue_execution`, `resume_execution`), which neither block, settle nor
+    retry the schedule, nor fire its dependents (issue 36, item 8)."""
+    return [r for r in runs if r.kind.belongs_to_manifest]
 
 
 def latest_success(runs: Sequence[ManifestRun]) -> ManifestRun | None:
@@ -222,7 +229,7 @@ def _settled(history: History) -> list[Settled]:
     "a failed run does not move the point a schedule counts from")."""
     points = [
         Settled(r.counted_from, r.occurrence, r.parent_run)
-        for r in history.runs
+        for r in own_runs(history.runs)
         if r.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED)
     ]
     points += [
@@ -241,7 +248,7 @@ def _retry_of(
 ) -> ManifestRun | None:
     """The failed run the next run retries: the latest finished one, failed and still counted;
     for a dependent, not when its parent has succeeded again since (a new firing)."""
-    latest = latest_finished(runs)
+    latest = latest_finished(own_runs(runs))
     if latest is None or latest.id not in {r.id for r in counted}:
         return None
     if manifest.parent is not None and replay.parent_succeeded_since(latest, parent_success):

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 
 from choreography_ray.logs import get_logger
 from choreography_ray.model import ResumeAfter
 from choreography_ray.scheduler import checkpoints, dispatching, replay
 from choreography_ray.scheduler.lock import lapsed
-from choreography_ray.scheduler.manifest_manager import HISTORY_RUNS, chain_checkpoints
+from choreography_ray.scheduler.manifest_manager import HISTORY_RUNS, cancelled, chain_checkpoints
 from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.port import DispatchError, JobsPort
-from choreography_ray.scheduler.records import ManifestRun, WorkEntry
+from choreography_ray.scheduler.records import Manifest, ManifestRun, WorkEntry
 from choreography_ray.scheduler.status import RunStatus
 from choreography_ray.storage.scheduler import SchedulerStorage
 
@@ -58,7 +59,7 @@ class Dispatcher:
             except Exception as error:
                 if lapsed(error):  # its claimed entries are handed back by the next holder
                     log.warning("scheduler/%s: the lock lapsed: the dispatch stops", self.scope)
-                    break
+                    raise
                 log.exception("scheduler/%s: dispatching entry %s of %r failed", self.scope,
                               entry.id, entry.manifest)  # fmt: skip
         return len(claimed)
@@ -70,22 +71,31 @@ class Dispatcher:
             log.error("scheduler/%s: entry %s names no stored run %s; dropped", self.scope,
                       entry.id, entry.run_id)  # fmt: skip
             return
+        waiting = run.status in (RunStatus.QUEUED, RunStatus.DISPATCH_REQUEUED)
+        if not waiting or run.entry_id not in (None, entry.id):
+            # A second entry of one run (a half-written requeue, written again): the run is
+            # the other entry's, or has started; this one is taken off, never started.
+            log.warning("scheduler/%s: entry %s names run %s, which is %s and the run of entry "
+                        "%s: cancelled", self.scope, entry.id, run.id, run.status.value,
+                        run.entry_id)  # fmt: skip
+            await self.storage.cancel_entry(entry.id, claimed=True)
+            return
         if run.namespace in stuck:
-            why = f"the jobs manager of namespace {run.namespace!r} did not answer in time"
-            await self.failed(entry, run, why, reached=False)
+            # No start is tried: the entry waits for the next dispatch with its attempt back.
+            log.info("scheduler/%s: run %s waits for the next dispatch: the jobs manager of "
+                     "namespace %r did not answer in time", self.scope, run.id,
+                     run.namespace)  # fmt: skip
+            await self.storage.requeue_dispatch(entry.id, timedelta(0), count_attempt=False)
             return
         manifest = await self.storage.get_manifest(self.scope, entry.manifest)
-        replays = entry.replays
-        if replays is not None:
-            others = await self.storage.runs_replaying(replays)
-            link = replay.dispatch_link(entry, manifest, others)
-            if link.replays is None:
-                log.info("scheduler/%s: run %s asks afresh (%s): it was queued to replay %s",
-                         self.scope, run.id, link.afresh, replays)  # fmt: skip
-            replays = link.replays
-        # A link to a run whose decisions are gone (deleted since it was queued) cannot be
-        # honoured: the run asks afresh, its replay abandoned, and uses up no replay.
-        abandoned = replays is not None and await self.storage.count_decisions(replays) == 0
+        if manifest is not None and not manifest.enabled and entry.kind.holds_manifest_key:
+            # Disabled after it was queued (the disable's cancel of it may have failed).
+            now = await self.storage.now()
+            await self.storage.cancel_entry(
+                entry.id, cancelled(run, now, "its manifest was disabled"), claimed=True
+            )
+            return
+        replays, abandoned = await self._link(entry, run, manifest)
         if abandoned:
             log.warning("scheduler/%s: run %s asks afresh: run %s, whose decisions it was to "
                         "replay, has none", self.scope, run.id, replays)  # fmt: skip
@@ -117,6 +127,28 @@ class Dispatcher:
             await self.failed(entry, run, f"{type(error).__name__}: {error}", reached=False)
             return
         await self._started(entry, run, job_id)
+
+    async def _link(
+        self, entry: WorkEntry, run: ManifestRun, manifest: Manifest | None
+    ) -> tuple[str | None, bool]:
+        """The replay link the run keeps, and whether it is abandoned (a link to a run whose
+        decisions are gone: the run asks afresh and uses up no replay). A lookup that fails is
+        logged and the run asks afresh: it holds up no retry (the spec)."""
+        replays = entry.replays
+        if replays is None:
+            return None, False
+        try:
+            others = await self.storage.runs_replaying(replays)
+            link = replay.dispatch_link(entry, manifest, others)
+            if link.replays is None:
+                log.info("scheduler/%s: run %s asks afresh (%s): it was queued to replay %s",
+                         self.scope, run.id, link.afresh, replays)  # fmt: skip
+                return None, False
+            return replays, await self.storage.count_decisions(replays) == 0
+        except Exception as error:
+            log.warning("scheduler/%s: looking up the replay of run %s by run %s failed (%s): "
+                        "it asks afresh", self.scope, replays, run.id, error)  # fmt: skip
+            return None, False
 
     async def _started(self, entry: WorkEntry, run: ManifestRun, job_id: str) -> None:
         now = await self.storage.now()

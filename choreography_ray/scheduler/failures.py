@@ -14,6 +14,7 @@ failure, the default 3 on the fourth; a manifest that has not run never.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
@@ -21,8 +22,10 @@ from choreography_ray.scheduler.options import SchedulerOptions
 from choreography_ray.scheduler.records import DeadLetter, Manifest, ManifestRun
 from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus
 
-#: Exponents past this change nothing but the risk of overflow: every delay is capped.
-_MAX_EXPONENT = 64
+#: The longest delay in float seconds a `timedelta` holds with room for rounding.
+_MAX_SECONDS = (timedelta.max - timedelta(days=1)).total_seconds()
+#: The longest retry delay stored: a `scheduled_at` must stay a date (100 years is never).
+LONGEST_DELAY = timedelta(days=36_500)
 
 
 def failure_window(manifest: Manifest, options: SchedulerOptions) -> timedelta:
@@ -73,14 +76,31 @@ def counted_failures(
     return [r for r in runs if counts(r, manifest, dead_letters, options, now)]
 
 
+def _delay_seconds(failures: int, options: SchedulerOptions) -> float:
+    """The spec's delay of the `failures`-th failure in float seconds, capped at
+    `max_retry_delay` (an overflowing power is past any cap)."""
+    base = options.default_retry_delay.total_seconds()
+    cap = options.max_retry_delay.total_seconds()
+    if base <= 0:
+        return 0.0
+    try:
+        seconds = base * options.retry_backoff_multiplier ** (failures - 1)
+    except OverflowError:
+        seconds = math.inf
+    return min(seconds, cap)
+
+
+def _as_timedelta(seconds: float) -> timedelta:
+    """`seconds` as a duration, clamped to the longest one `timedelta` holds."""
+    return timedelta.max if seconds >= _MAX_SECONDS else timedelta(seconds=seconds)
+
+
 def retry_delay(failures: int, options: SchedulerOptions) -> timedelta:
-    """`min(default_retry_delay * retry_backoff_multiplier^(failures-1), max_retry_delay)`."""
+    """`min(default_retry_delay * retry_backoff_multiplier^(failures-1), max_retry_delay)`,
+    computed in float seconds with no exponent cap (the spec's formula for any multiplier)."""
     if failures < 1:
         return timedelta(0)
-    factor = options.retry_backoff_multiplier ** min(failures - 1, _MAX_EXPONENT)
-    seconds = options.default_retry_delay.total_seconds() * factor
-    return min(timedelta(seconds=min(seconds, timedelta.max.total_seconds() / 2)),
-               options.max_retry_delay)  # fmt: skip
+    return min(_as_timedelta(_delay_seconds(failures, options)), LONGEST_DELAY)
 
 
 def exceeds_retries(counted: Sequence[ManifestRun], manifest: Manifest) -> bool:
@@ -97,15 +117,26 @@ def dead_letter_reason(counted: Sequence[ManifestRun], manifest: Manifest) -> st
 
 
 def backoff_total(retries: int, options: SchedulerOptions) -> timedelta:
-    """The delays of `retries` retries in a row, added up, in closed form: from the exponent
-    cap on (`_MAX_EXPONENT`) every delay is the same, so at most that many are added one by
-    one (`max_retries=2**31-1` must not add two billion)."""
-    varying = min(retries, _MAX_EXPONENT + 1)
-    total = sum((retry_delay(n, options) for n in range(1, varying + 1)), timedelta(0))
-    try:
-        return total + (retries - varying) * retry_delay(varying, options)
-    except OverflowError:
-        return timedelta.max
+    """The delays of `retries` retries in a row, added up, in closed form (float seconds):
+    a geometric sum up to the first capped delay, then the cap for each further one, so
+    `max_retries=2**31-1` costs no more than one retry; clamped to `timedelta.max`."""
+    if retries < 1:
+        return timedelta(0)
+    base = options.default_retry_delay.total_seconds()
+    cap = options.max_retry_delay.total_seconds()
+    multiplier = options.retry_backoff_multiplier
+    if base <= 0 or cap <= 0:
+        return timedelta(0)
+    if multiplier == 1.0 or base >= cap:
+        return _as_timedelta(retries * min(base, cap))
+    # The delays below the cap: base * multiplier^(n-1) < cap for n <= uncapped.
+    uncapped = min(retries, max(0, math.ceil(math.log(cap / base, multiplier))))
+    while uncapped > 0 and _delay_seconds(uncapped, options) >= cap:
+        uncapped -= 1
+    while uncapped < retries and _delay_seconds(uncapped + 1, options) < cap:
+        uncapped += 1
+    geometric = base * (multiplier**uncapped - 1) / (multiplier - 1)
+    return _as_timedelta(geometric + (retries - uncapped) * cap)
 
 
 def backoff_warning(
@@ -116,7 +147,10 @@ def backoff_warning(
     never be dead-lettered, since its first failures leave the window before the last retry."""
     retries = options.default_max_retries if max_retries is None else max_retries
     window = options.failure_count_window if window is None else window
-    total = backoff_total(retries, options)
+    try:
+        total = backoff_total(retries, options)
+    except (OverflowError, ValueError, ZeroDivisionError):  # a warning never fails its caller
+        return None
     if retries < 1 or total < window:
         return None
     return (

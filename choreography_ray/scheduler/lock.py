@@ -11,7 +11,11 @@ until its own monotonic clock says `lock_ttl` has passed since the last renewal 
 renewal that fails (storage unreachable) stops this scheduler before the lease can expire and
 another take it. Every write of the scheduler's loops and operations goes through
 `guarded(storage, lock)`, which checks the lock before it writes: a lease that lapses in the
-middle of a cycle stops that cycle at its next write, so two schedulers never write at once.
+middle of a cycle stops that cycle at its next write. That check is this process's belief;
+the storage's fence (`SchedulerStorage.fenced`, issue 36) checks the lease itself in the same
+write, so a holder whose lease a successor took over at once, or that expired on the
+database's clock while its own clock says otherwise, writes nothing: its refused write marks
+the lock `lost`, and its loops stop until `keep` takes the lease again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, cast
 
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.logs import get_logger
-from choreography_ray.storage.scheduler import SchedulerStorage
+from choreography_ray.storage.scheduler import FENCED_WRITES, SchedulerStorage
 
 log = get_logger(__name__)
 
@@ -79,19 +83,21 @@ class SchedulerLock:
             log.info("%s: %s holds the lock", self.name, self.holder)
         return True
 
+    def lost(self, why: str) -> None:
+        """A fenced write found the lease gone (a successor or another cluster holds it, or
+        it expired on the database's clock): the loops stop until `keep` takes it again."""
+        if self.held:
+            log.error("%s: the lease is lost (%s); its loops stop", self.name, why)
+        self._until = 0.0
+
     async def release(self) -> None:
         if self._until:
             self._until = 0.0
             await self.storage.release_lease(self.name, self.holder)
 
 
-#: The writes of the scheduler's storage the lock guards (a step host's `record_decision` and
-#: the lease's own are not the scheduler's).
-GUARDED_WRITES = frozenset({
-    "upsert_manifest", "set_replay_decisions_on_retry", "enqueue", "claim_due", "release",
-    "requeue_dispatch", "cancel_entry", "save_run", "add_dead_letter", "resolve_dead_letter",
-    "remove_resolved_dead_letters", "save_checkpoint",
-})  # fmt: skip
+#: The writes of the scheduler's storage the lock guards (the ones the lease fences).
+GUARDED_WRITES = FENCED_WRITES
 
 
 class _Guarded:

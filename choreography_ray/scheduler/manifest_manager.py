@@ -8,9 +8,9 @@ run still QUEUED) is handed back to the dispatcher as a dispatch that never reac
 manager. A run past its timeout has its job stopped (it settles CANCELLED once the stop is
 final). What a failure between two writes left heals here: a waiting run whose entry was
 cancelled or never written is CANCELLED, a queued entry whose run was never written is
-cancelled, and a dead letter whose requeue queued its run is resolved. Each cycle also deletes
-resolved dead letters older than `dead_letter_retention`. A manifest whose turn fails is logged
-by name and holds up no other; a lock that lapses stops the cycle.
+cancelled, and a dead letter whose requeue queued its run is resolved. Every
+`run_cleanup_interval` a cycle also cleans metadata up (`cleanup.py`). A manifest whose turn
+fails is logged by name and holds up no other; a lock that lapses stops the cycle.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from choreography_ray.logs import get_logger
-from choreography_ray.scheduler import checkpoints, cycle, failures
+from choreography_ray.scheduler import checkpoints, cleanup, cycle, failures
 from choreography_ray.scheduler.cycle import DeadLetterIt, History, Queue
 from choreography_ray.scheduler.lock import lapsed
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -78,7 +78,7 @@ async def gather(
     parent_runs: list[ManifestRun] = []
     if manifest.parent is not None:
         parent_runs = await storage.list_runs(scope, manifest.parent, HISTORY_RUNS)
-    latest = cycle.latest_finished(runs)
+    latest = cycle.latest_finished(cycle.own_runs(runs))
     decisions = {}
     found: dict[str, list[Checkpoint]] = {}
     if latest is not None and latest.status is RunStatus.FAILED:
@@ -158,23 +158,24 @@ class ManifestManager:
         self.options = options
         self.unclaim = unclaim
         self.cycles = 0
+        #: When (the database's clock) the next metadata cleanup is due (None: this cycle).
+        self._next_cleanup: datetime | None = None
 
     async def cycle(self) -> None:
-        for manifest in await self.storage.list_manifests(self.scope):
+        manifests = await self.storage.list_manifests(self.scope)
+        for manifest in manifests:
             try:
                 await self.manifest_turn(manifest)
             except Exception as error:
                 if lapsed(error):
                     log.warning("scheduler/%s: the lock lapsed: the cycle stops", self.scope)
-                    return
+                    raise
                 log.exception("scheduler/%s: the cycle of manifest %r failed", self.scope,
                               manifest.name)  # fmt: skip
         now = await self.storage.now()
-        removed = await self.storage.remove_resolved_dead_letters(
-            now - self.options.dead_letter_retention
-        )
-        if removed:
-            log.info("scheduler/%s: %d resolved dead letter(s) cleaned up", self.scope, removed)
+        if self._next_cleanup is None or now >= self._next_cleanup:
+            await cleanup.clean_up(self.storage, self.scope, manifests, self.options)
+            self._next_cleanup = now + self.options.run_cleanup_interval
         self.cycles += 1
 
     async def manifest_turn(self, manifest: Manifest) -> None:
@@ -213,8 +214,8 @@ class ManifestManager:
         return done
 
     async def _save_checkpoint(self, run: ManifestRun, view: JobView, now: datetime) -> None:
-        """A failed run of a job type that opts in: its latest checkpoint, stored before the
-        run is settled (so the cycle that sees it failed sees its checkpoint)."""
+        """A failed or cancelled run of a job type that opts in: its latest checkpoint, stored
+        before the run is settled (so the cycle that sees it ended sees its checkpoint)."""
         stage = checkpoints.latest_checkpoint(view.stages)
         if stage is None or not self.jobs.checkpoint_stages(run.job_type):
             return
@@ -246,7 +247,8 @@ class ManifestManager:
                 if view is None:
                     update["error"] = f"its job {run.job_id} was removed"
                 else:
-                    if status is RunStatus.FAILED:
+                    if status in (RunStatus.FAILED, RunStatus.CANCELLED):
+                        # A cancelled run (a timeout, a stop) resumes too (`resume_execution`).
                         await self._save_checkpoint(run, view, now)
                     if view.resumed_after is None:  # its job ran from the top
                         update["resumed_from"] = None

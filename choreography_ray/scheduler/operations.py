@@ -135,11 +135,25 @@ class Operations:
     # -- runs -------------------------------------------------------------------------------
 
     async def trigger(self, name: str, ask_afresh: bool = False) -> TriggerResult:
+        """A run now (`cycle.trigger`). Refused for a disabled manifest (`MANIFEST_DISABLED`)
+        and for one whose dead letter awaits intervention (`MANIFEST_DEAD_LETTERED`): its
+        requeue is the run an operator asks for, and resolves it (issue 36, item 12)."""
         manifest = await self.manifest(name)
+        if not manifest.enabled:
+            raise SchedulerOperationError(
+                SchedulerError.MANIFEST_DISABLED,
+                f"manifest {name!r} is disabled: enable it to trigger it",
+            )
         opts_in = self.manager.jobs.checkpoint_stages(manifest.job_type)
         now = await self.storage.now()
         history = await gather(self.storage, manifest, self.options, now,
                                checkpoint_stages=opts_in)  # fmt: skip
+        if (letter := failures.awaiting_intervention(history.dead_letters)) is not None:
+            raise SchedulerOperationError(
+                SchedulerError.MANIFEST_DEAD_LETTERED,
+                f"manifest {name!r} is dead-lettered ({letter.id}): requeue or acknowledge "
+                "its dead letter",
+            )
         decided = cycle.trigger(manifest, history, self.options, now, ask_afresh=ask_afresh,
                                 checkpoint_stages=opts_in)  # fmt: skip
         if isinstance(decided, Release):

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from choreography_ray.durations import Duration
+
+#: Options that must be longer than zero: zero or less would spin a loop, refuse every write,
+#: never dead-letter, or delete what it keeps (issue 36).
+POSITIVE = (
+    "manifest_cycle", "dispatch_interval", "failure_count_window", "dispatch_timeout",
+    "replay_answers_for", "dead_letter_retention", "lock_ttl", "default_run_timeout",
+    "run_retention",
+)  # fmt: skip
+#: Options that may be zero but not less.
+NOT_NEGATIVE = (
+    "default_retry_delay", "max_retry_delay", "dispatch_retry_delay", "max_dispatch_retry_delay",
+)  # fmt: skip
 
 
 class SchedulerOptions(BaseModel):
@@ -49,3 +61,25 @@ class SchedulerOptions(BaseModel):
     #: How long the scope's lock lasts without a renewal; it is renewed every third of this.
     #: A scheduler that dies is replaced by another cluster's after at most this long.
     lock_ttl: Duration = timedelta(seconds=30)
+    #: Per manifest, its newest runs kept however old (see docs/retention.md).
+    runs_kept: int = Field(default=100, ge=1)
+    #: A finished run past the newest `runs_kept` of its manifest is deleted once it ended
+    #: longer ago than this, with its decisions, checkpoints and work entry, unless a retry, a
+    #: dead letter, a schedule or a checkpoint still needs it (see docs/retention.md).
+    run_retention: Duration = timedelta(days=30)
+    #: How often the manifest manager runs the run retention pass.
+    run_cleanup_interval: Duration = timedelta(hours=1)
+
+    @field_validator(*POSITIVE, "run_cleanup_interval")
+    @classmethod
+    def _positive(cls, value: timedelta | None, info: ValidationInfo) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError(f"{info.field_name} must be longer than zero, not {value}")
+        return value
+
+    @field_validator(*NOT_NEGATIVE)
+    @classmethod
+    def _not_negative(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError(f"{info.field_name} must not be negative, not {value}")
+        return value

@@ -75,6 +75,13 @@ class EntryKind(enum.StrEnum):
         return self in (EntryKind.SCHEDULED, EntryKind.TRIGGER)
 
     @property
+    def belongs_to_manifest(self) -> bool:
+        """A run of this kind is one of its manifest's schedule: it blocks, settles and retries
+        it, and fires its dependents. Not one an operator queued for an execution
+        (`requeue_execution`, `resume_execution`): it runs beside the schedule."""
+        return self not in (EntryKind.REQUEUE_EXECUTION, EntryKind.RESUME_EXECUTION)
+
+    @property
     def counts_toward_retries(self) -> bool:
         """A failed run of this kind counts toward its manifest's retries. A run an operator
         queued for an execution (`requeue_execution`, `resume_execution`) belongs to no

@@ -32,6 +32,7 @@ from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkS
 from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import Refusal
 from choreography_ray.storage.scheduler import mongodb as provider
+from choreography_ray.storage.scheduler import mongodb_docs as docs
 from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
 from tests.mongo_proxy import SHORT_DEADLINES, FaultProxy
 
@@ -95,7 +96,7 @@ async def test_lost_ack__an_enqueued_entry_keeps_its_manifest_key_for_the_next_c
     """The entry was written but its reply lost (its run was not): it still holds the manifest
     key, so the next cycle's new entry is refused rather than queued beside it (the cycle
     then cancels the entry that names no run, `ManifestManager._cancel_orphans`)."""
-    take_keys = provider._take_keys
+    take_keys = docs._take_keys
 
     def then_lose_the_entry(*args: Any) -> Any:
         taken = take_keys(*args)
@@ -312,3 +313,45 @@ async def eventually_claimed(store: MongoSchedulerStorage, seconds: float = 15.0
         except StorageUnavailableError:
             await asyncio.sleep(0.2)
     return []
+
+
+async def test_reset__a_half_written_requeue_written_again_starts_its_run_once(
+    proxy: FaultProxy, store: MongoSchedulerStorage
+) -> None:
+    """Issue 36, item 7: a dead letter's requeue whose entry was written and whose run was
+    not (the connection reset before the run's write), requeued again, leaves two entries
+    naming one run; the dispatcher starts it once and cancels the other entry."""
+    from choreography_ray.scheduler.core import SchedulerCore
+    from choreography_ray.scheduler.options import SchedulerOptions
+    from tests.unit.scheduler.harness import Clock, FakeJobs
+
+    jobs = FakeJobs(Clock())
+    core = SchedulerCore(SCOPE, store, jobs, SchedulerOptions(), holder="actor/0001")
+    await core.start(loops=False)
+    new = Manifest(scope=SCOPE, name="m", job_type="pkg.jobs:J", schedule=Every.hours(1),
+                   enabled=False)  # fmt: skip
+    await store.upsert_manifest(new, ())
+    dead = letter()
+    assert await store.add_dead_letter(dead)
+
+    proxy.reset("update")  # the run's write, after its entry's insert
+    with pytest.raises(StorageUnavailableError):
+        await core.requeue(dead.id)
+    assert proxy.hits == [("reset", "update")]
+    assert await store.get_run(dead.id) is None
+    assert await core.requeue(dead.id) == dead.id  # written again: a second entry, the run
+    assert len(await store.queued_entries(SCOPE, "m")) == 2
+
+    await core.dispatch_due()
+
+    assert len(jobs.attempts) == 1
+    statuses = sorted(e.status.value for e in [await store.get_entry(e) for e in
+                      await _entry_ids(store)] if e is not None)  # fmt: skip
+    assert statuses == [WorkStatus.CANCELLED.value, WorkStatus.DISPATCHED.value]
+    started = await store.get_run(dead.id)
+    assert started is not None and started.status is RunStatus.RUNNING
+
+
+async def _entry_ids(store: MongoSchedulerStorage) -> list[str]:
+    docs = await store._run(lambda db: list(db.work_queue.find({}, {"_id": 1})))
+    return [str(d["_id"]) for d in docs]

@@ -34,11 +34,12 @@ dispatchers claiming at once, each entry goes to one.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
+from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.scheduler.records import (
     DEFINITION,
     SETTINGS,
@@ -132,6 +133,20 @@ def given_up_keys(taken: Collection[QueueKey]) -> dict[str, object]:
     return dict(fields[k] for k in taken)
 
 
+def kept_resolutions(letters: Iterable[DeadLetter]) -> set[str]:
+    """The ids of each manifest's latest resolved dead letter of each status (RETRIED,
+    ACKNOWLEDGED): what `remove_resolved_dead_letters` never deletes (the reference)."""
+    latest: dict[tuple[str, str, DeadLetterStatus], DeadLetter] = {}
+    for letter in letters:
+        if letter.resolved_at is None:
+            continue
+        key = (letter.scope, letter.manifest, letter.status)
+        held = latest.get(key)
+        if held is None or (letter.resolved_at, letter.id) > (held.resolved_at, held.id):
+            latest[key] = letter
+    return {letter.id for letter in latest.values()}
+
+
 def succeeds(holder: str, earlier: str) -> bool:
     """`holder` is a later incarnation of `earlier`'s lineage. A holder is "{lineage}/
     {incarnation}" (the scheduler actor's id, and a token of one activation that sorts by its
@@ -154,6 +169,27 @@ def lease_for(
         return None
     acquired = stored.acquired_at if stored is not None and stored.holder == holder else now
     return SchedulerLease(name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl)
+
+
+#: The scheduler's writes the scope's lease fences (`SchedulerStorage.fenced`): every write of
+#: its loops and operations. A step host's `record_decision` and the lease's own are not.
+FENCED_WRITES = frozenset({
+    "upsert_manifest", "set_replay_decisions_on_retry", "enqueue", "claim_due", "release",
+    "requeue_dispatch", "cancel_entry", "save_run", "add_dead_letter", "resolve_dead_letter",
+    "remove_resolved_dead_letters", "save_checkpoint", "delete_runs",
+})  # fmt: skip
+
+
+def holds(lease: SchedulerLease | None, holder: str, now: datetime) -> bool:
+    """`holder` holds `lease` at `now` (the database's clock)."""
+    return lease is not None and lease.holder == holder and lease.expires_at > now
+
+
+def fence_error(name: str, holder: str, method: str) -> SchedulerOperationError:
+    return SchedulerOperationError(
+        SchedulerError.NOT_LOCK_HOLDER,
+        f"{name}: {holder} no longer holds the lease; {method} is not written",
+    )
 
 
 def merge_manifest(
@@ -215,14 +251,20 @@ class SchedulerStorage(Protocol):
         """A trigger: the QUEUED entry is due at once (and asks afresh with `clear_link`, on its
         run too). None when it is no longer queued (the dispatcher claimed it first)."""
 
-    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+    async def requeue_dispatch(
+        self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
+    ) -> WorkEntry | None:
         """A DISPATCHED entry whose dispatch failed is QUEUED again after `delay`. Keys another
-        entry took meanwhile are given up (the entry stays queued without them)."""
+        entry took meanwhile are given up (the entry stays queued without them). Without
+        `count_attempt` the claim's attempt is given back (no start was tried)."""
 
-    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
-        """A QUEUED entry is CANCELLED, and `run` (its run, cancelled) saved in the same write
-        (MongoDB: the entry first; a failure between leaves a waiting run whose entry is
-        cancelled, which the next cycle settles); False when it was not queued."""
+    async def cancel_entry(
+        self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
+    ) -> bool:
+        """A QUEUED entry (with `claimed`: a DISPATCHED one, which the dispatcher will not
+        start) is CANCELLED, and `run` (its run, cancelled) saved in the same write (MongoDB:
+        the entry first; a failure between leaves a waiting run whose entry is cancelled,
+        which the next cycle settles); False when it was not in that status."""
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None: ...
 
@@ -246,6 +288,11 @@ class SchedulerStorage(Protocol):
         """The manifest's runs that have not finished (of any age), and its FAILED runs that
         started at `failed_since` or later (one that never started: queued then); newest
         first. What settling runs and counting failures read beyond the newest runs."""
+
+    async def delete_runs(self, run_ids: Collection[str]) -> int:
+        """Deletes the runs, their decisions and checkpoints, and their work entries unless
+        queued, in one write (MongoDB: the runs last, so a delete cut short is done again by
+        the next cleanup); how many runs. Run retention decides which (`retention.doomed`)."""
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         """Every run, in any state, whose `replays` is `run_id`."""
@@ -273,7 +320,10 @@ class SchedulerStorage(Protocol):
         clock); None when it is not awaiting (resolved by someone else, or unknown)."""
 
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
-        """Deletes dead letters resolved before `before`; returns how many."""
+        """Deletes dead letters resolved before `before`, except each manifest's latest
+        resolved one of each status (`kept_resolutions`): they hold its resolution (the point
+        its failures are set aside from, and the acknowledgement its schedule counts from).
+        Returns how many."""
 
     # decisions and checkpoints
     async def record_decision(self, decision: Decision) -> Decision:
@@ -300,6 +350,43 @@ class SchedulerStorage(Protocol):
         """Deletes the lease when `holder` holds it; False otherwise."""
 
     async def get_lease(self, name: str) -> SchedulerLease | None: ...
+
+    def fenced(self, name: str, holder: str) -> SchedulerStorage:
+        """This storage (the same database) whose writes (`FENCED_WRITES`) are refused with
+        `NOT_LOCK_HOLDER` unless `holder` holds the lease `name`, unexpired on the database's
+        clock, checked in the same write: a scheduler that lost its lease to a successor or
+        another cluster writes nothing more (SQLite: in the write's transaction; memory: in
+        the same step; MongoDB: read just before the write, see its module)."""
+
+
+class _CheckedFirst:
+    """A fence for a storage that has none of its own (a proxy, such as the memory storage
+    shared through an actor on Ray): each write reads the lease on the database's clock just
+    before it, as MongoDB's fence does."""
+
+    def __init__(self, storage: SchedulerStorage, name: str, holder: str) -> None:
+        self._storage, self._name, self._holder = storage, name, holder
+
+    def __getattr__(self, method: str) -> Any:
+        found = getattr(self._storage, method)
+        if method not in FENCED_WRITES:
+            return found
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            lease = await self._storage.get_lease(self._name)
+            if not holds(lease, self._holder, await self._storage.now()):
+                raise fence_error(self._name, self._holder, method)
+            return await found(*args, **kwargs)
+
+        return write
+
+
+def fenced(storage: SchedulerStorage, name: str, holder: str) -> SchedulerStorage:
+    """`storage.fenced(name, holder)`, or for a storage whose class has no fence of its own
+    (a proxy) one that reads the lease just before each write."""
+    if callable(getattr(type(storage), "fenced", None)):
+        return storage.fenced(name, holder)
+    return cast(SchedulerStorage, _CheckedFirst(storage, name, holder))
 
 
 def scheduler_storage(storage: Storage) -> SchedulerStorage:

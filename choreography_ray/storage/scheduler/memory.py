@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 from choreography_ray.model import utcnow
 from choreography_ray.scheduler.records import (
@@ -23,15 +24,41 @@ from choreography_ray.scheduler.records import (
 )
 from choreography_ray.scheduler.status import DeadLetterStatus, WorkStatus
 from choreography_ray.storage.scheduler import (
+    FENCED_WRITES,
     Enqueued,
     QueueKey,
+    SchedulerStorage,
     entry_keys,
+    fence_error,
     given_up_keys,
+    holds,
     in_play,
+    kept_resolutions,
     lease_for,
     merge_manifest,
     settle_keys,
 )
+
+
+class _Fenced:
+    """A memory storage whose writes check the lease first. A memory method does not await
+    between its reads and writes, so the check and the write are one step."""
+
+    def __init__(self, storage: MemorySchedulerStorage, name: str, holder: str) -> None:
+        self._storage, self._name, self._holder = storage, name, holder
+
+    def __getattr__(self, method: str) -> Any:
+        found = getattr(self._storage, method)
+        if method not in FENCED_WRITES:
+            return found
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            storage = self._storage
+            if not holds(storage.leases.get(self._name), self._holder, storage.clock()):
+                raise fence_error(self._name, self._holder, method)
+            return await found(*args, **kwargs)
+
+        return write
 
 
 class MemorySchedulerStorage:
@@ -141,7 +168,9 @@ class MemorySchedulerStorage:
         entry = self.entries[entry_id] = entry.model_copy(update={"scheduled_at": None})
         return entry
 
-    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+    async def requeue_dispatch(
+        self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
+    ) -> WorkEntry | None:
         entry = self.entries.get(entry_id)
         if entry is None or entry.status is not WorkStatus.DISPATCHED:
             return None
@@ -149,14 +178,18 @@ class MemorySchedulerStorage:
         update: dict[str, object] = {
             "status": WorkStatus.QUEUED,
             "scheduled_at": self.clock() + delay if delay > timedelta(0) else None,
+            "dispatch_attempts": entry.dispatch_attempts - (0 if count_attempt else 1),
         }
         update.update(given_up_keys(taken))
         entry = self.entries[entry_id] = entry.model_copy(update=update)
         return entry
 
-    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+    async def cancel_entry(
+        self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
+    ) -> bool:
         entry = self.entries.get(entry_id)
-        if entry is None or entry.status is not WorkStatus.QUEUED:
+        wanted = WorkStatus.DISPATCHED if claimed else WorkStatus.QUEUED
+        if entry is None or entry.status is not wanted:
             return False
         self.entries[entry_id] = entry.model_copy(update={"status": WorkStatus.CANCELLED})
         if run is not None:
@@ -191,6 +224,20 @@ class MemorySchedulerStorage:
         found = [r for r in self.runs.values() if (r.scope, r.manifest) == (scope, manifest)
                  and in_play(r, failed_since)]  # fmt: skip
         return sorted(found, key=lambda r: r.queued_at, reverse=True)
+
+    async def delete_runs(self, run_ids: Collection[str]) -> int:
+        doomed = [self.runs[i] for i in run_ids if i in self.runs]
+        ids = {r.id for r in doomed}
+        entries = {r.entry_id for r in doomed}
+        for entry_id in entries:
+            entry = self.entries.get(entry_id or "")
+            if entry is not None and entry.status is not WorkStatus.QUEUED:
+                del self.entries[entry.id]
+        self.decisions = {k: d for k, d in self.decisions.items() if k[0] not in ids}
+        self.checkpoints = {k: c for k, c in self.checkpoints.items() if k[0] not in ids}
+        for run in doomed:
+            del self.runs[run.id]
+        return len(doomed)
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return [r for r in self.runs.values() if r.replays == run_id]
@@ -230,8 +277,12 @@ class MemorySchedulerStorage:
         return letter
 
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
-        old = [d.id for d in self.dead_letters.values()
-               if d.resolved_at is not None and d.resolved_at < before]  # fmt: skip
+        kept = kept_resolutions(self.dead_letters.values())
+        old = [
+            d.id
+            for d in self.dead_letters.values()
+            if d.resolved_at is not None and d.resolved_at < before and d.id not in kept
+        ]
         for letter_id in old:
             del self.dead_letters[letter_id]
         return len(old)
@@ -267,3 +318,6 @@ class MemorySchedulerStorage:
 
     async def get_lease(self, name: str) -> SchedulerLease | None:
         return self.leases.get(name)
+
+    def fenced(self, name: str, holder: str) -> SchedulerStorage:
+        return cast(SchedulerStorage, _Fenced(self, name, holder))

@@ -25,11 +25,15 @@ A marker is inserted before its entry and deleted after the entry leaves QUEUED 
 cancelled, or its link cleared), or at once when the entry's write fails. An enqueue writes the
 entry, then its run: a failure between leaves an entry with no run, which the scheduler's next
 cycle cancels. A process that dies in between leaves a stale marker: one whose
-entry is no longer queued, or (after `STALE_MARKER_SECONDS`) was never written, is taken over by
-the next writer of that key. A claim is a `find_one_and_update` filtered on status QUEUED, so of
-two dispatchers one wins each entry. The database's clock is the server's `hello.localTime`
-(no `$$NOW`: nx rejects update pipelines); a server without it falls back to this process's
-clock. Without transactions, the opt-out clears each queued link with its own conditional write;
+entry is no longer queued, or (after `mongodb_docs.STALE_MARKER_SECONDS`) was never written,
+is taken over by the next writer of that key. A claim is a `find_one_and_update` filtered on
+status QUEUED, so of two dispatchers one wins each entry, in due order (an entry without
+`scheduled_at` due from `created_at`: two sorted reads merged). The database's clock is the
+server's `hello.localTime` (no `$$NOW`: nx rejects update pipelines); a server without it falls
+back to this process's clock. The lease fences a fenced storage's writes by a read of
+`scheduler_locks` on the server's clock just before each write (no transaction holds the two
+together: a takeover in the round trip between them is the window left). Without
+transactions, the opt-out clears each queued link with its own conditional write;
 the dispatcher checks the flag again when it claims an entry.
 
 A lost acknowledgement (the write applied, its reply lost: nx-27017 and a standalone `mongod`
@@ -48,18 +52,14 @@ the replay marker (`_unlink`).
 from __future__ import annotations
 
 import contextlib
-import json
+import copy
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ValidationError
 from pymongo import ReturnDocument
 from pymongo import errors as mongo
 from pymongo.database import Database
 
-from choreography_ray.errors import CorruptRecordError
-from choreography_ray.model import check_schema_version, utcnow
 from choreography_ray.scheduler.records import (
     DEFINITION,
     SETTINGS,
@@ -75,142 +75,39 @@ from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkS
 from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import (
     Enqueued,
-    QueueKey,
-    entry_keys,
+    SchedulerStorage,
+    fence_error,
     given_up_keys,
+    holds,
     in_play,
+    kept_resolutions,
     lease_for,
     settle_keys,
 )
-
-_T = TypeVar("_T")
-_M = TypeVar("_M", bound=BaseModel)
-Doc = dict[str, Any]
-
-#: A marker whose entry was never written is taken over after this many seconds.
-STALE_MARKER_SECONDS = 60.0
-_INDEXES = {
-    "manifests": ["scope name"],
-    "work_queue": ["scope status scheduled_at", "scope manifest"],
-    "runs": [
-        "scope manifest queued_at",
-        "scope queued_at",
-        "replays",
-        "job_id",
-        "scope manifest status",
-    ],
-    "dead_letters": ["scope manifest status", "status resolved_at"],
-    "decisions": ["run_id"],
-    "checkpoints": ["run_id stage"],
-}
-_QUEUED = WorkStatus.QUEUED.value
-_AWAITING = DeadLetterStatus.AWAITING_INTERVENTION.value
-
-
-def _iso(at: datetime) -> str:
-    aware = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-    return aware.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _doc(record: BaseModel, key: str) -> Doc:
-    doc: Doc = record.model_dump(mode="json")
-    for name in type(record).model_fields:
-        if isinstance(value := getattr(record, name), datetime):
-            doc[name] = _iso(value)
-    doc["_id"] = key
-    return doc
-
-
-def _parse(model: type[_M], collection: str, doc: Doc | None) -> _M | None:
-    if doc is None:
-        return None
-    key = str(doc.pop("_id", "?"))
-    check_schema_version(collection, key, doc.get("schema_version"))
-    try:
-        return model.model_validate(doc)
-    except ValidationError as exc:
-        raise CorruptRecordError(collection, key, str(exc)) from exc
-
-
-def _parse_all(model: type[_M], collection: str, docs: list[Doc]) -> list[_M]:
-    return [r for d in docs if (r := _parse(model, collection, d)) is not None]
-
-
-def _manifest_id(scope: str, name: str) -> str:
-    return json.dumps([scope, name])
-
-
-def _server_now(db: Database[Doc]) -> datetime:
-    local = db.command("hello").get("localTime")
-    if not isinstance(local, datetime):
-        return utcnow()
-    return local if local.tzinfo is not None else local.replace(tzinfo=UTC)
-
-
-def _marker_id(kind: QueueKey, value: str) -> str:
-    return f"{kind.value}/{value}"
-
-
-def _take_key(db: Database[Doc], marker: str, entry_id: str, now: datetime) -> bool:
-    """Inserts the key's marker for `entry_id`; a stale marker is taken over. False when a
-    queued entry holds the key."""
-    for _ in range(2):
-        try:
-            db.work_queue_keys.insert_one({"_id": marker, "entry_id": entry_id,
-                                           "created": _iso(now)})  # fmt: skip
-            return True
-        except mongo.DuplicateKeyError:
-            held = db.work_queue_keys.find_one({"_id": marker}) or {}
-            holder = db.work_queue.find_one({"_id": held.get("entry_id")}, {"status": 1})
-            if holder is not None and holder.get("status") == _QUEUED:
-                return False
-            if holder is None and held.get("entry_id") == entry_id:
-                return True  # its own, from a write whose reply was lost
-            created = datetime.fromisoformat(str(held.get("created", _iso(now))))
-            if holder is None and (now - created).total_seconds() < STALE_MARKER_SECONDS:
-                return False
-            db.work_queue_keys.delete_one({"_id": marker, "entry_id": held.get("entry_id")})
-    return False
-
-
-def _take_keys(
-    db: Database[Doc], entry: WorkEntry, now: datetime
-) -> tuple[set[QueueKey], list[str]]:
-    """The keys of `entry` others hold, and the markers taken for it."""
-    taken: set[QueueKey] = set()
-    markers: list[str] = []
-    for kind, value in entry_keys(entry).items():
-        marker = _marker_id(kind, value)
-        if _take_key(db, marker, entry.id, now):
-            markers.append(marker)
-        else:
-            taken.add(kind)
-    return taken, markers
-
-
-def _drop_keys(db: Database[Doc], entry_id: str, markers: Collection[str] | None = None) -> None:
-    query: Doc = {"entry_id": entry_id}
-    if markers is not None:
-        query["_id"] = {"$in": list(markers)}
-    db.work_queue_keys.delete_many(query)
-
-
-def _unlink(db: Database[Doc], entry: Doc, cleared: bool) -> None:
-    """After the replay link of the queued `entry` (as read before) is `cleared`: its run asks
-    afresh too, and the entry gives up its replay key. Also when the link was cleared already
-    by a write whose reply was lost, which did neither: its replay marker shows it."""
-    prefix = _marker_id(QueueKey.REPLAY, "")
-    markers = [m["_id"] for m in db.work_queue_keys.find({"entry_id": entry["_id"]})
-               if str(m["_id"]).startswith(prefix)]  # fmt: skip
-    if cleared or markers:
-        db.runs.update_one({"_id": entry["run_id"]}, {"$set": {"replays": None}})
-        _drop_keys(db, entry["_id"], markers)
+from choreography_ray.storage.scheduler.mongodb_docs import (
+    _AWAITING,
+    _INDEXES,
+    _QUEUED,
+    _T,
+    Doc,
+    _doc,
+    _drop_keys,
+    _iso,
+    _manifest_id,
+    _parse,
+    _parse_all,
+    _server_now,
+    _take_keys,
+    _unlink,
+)
 
 
 class MongoSchedulerStorage:
     def __init__(self, storage: MongoStorage) -> None:
         self.storage = storage
         self._indexed = False
+        #: (lease name, holder) whose lease every write checks just before it, or None.
+        self._fence: tuple[str, str] | None = None
 
     async def _run(self, operation: Callable[[Database[Doc]], _T]) -> _T:
         def run(db: Database[Doc]) -> _T:
@@ -222,6 +119,28 @@ class MongoSchedulerStorage:
             return operation(db)
 
         return await self.storage._run(run)
+
+    async def _write(self, operation: Callable[[Database[Doc]], _T]) -> _T:
+        """`operation`, a write of the scheduler's; a fenced storage reads its lease on the
+        database's clock just before it, and refuses the write when it no longer holds it."""
+        fence = self._fence
+        if fence is None:
+            return await self._run(operation)
+
+        def fenced(db: Database[Doc]) -> _T:
+            name, holder = fence
+            found = db.scheduler_locks.find_one({"_id": name})
+            lease = _parse(SchedulerLease, "scheduler_locks", dict(found) if found else None)
+            if not holds(lease, holder, _server_now(db)):
+                raise fence_error(name, holder, "the write")
+            return operation(db)
+
+        return await self._run(fenced)
+
+    def fenced(self, name: str, holder: str) -> SchedulerStorage:
+        twin = copy.copy(self)
+        twin._fence = (name, holder)
+        return twin
 
     async def now(self) -> datetime:
         return await self._run(_server_now)
@@ -240,7 +159,7 @@ class MongoSchedulerStorage:
             db.manifests.update_one({"_id": key}, change, upsert=True)
             return db.manifests.find_one({"_id": key})
 
-        stored = _parse(Manifest, "manifests", await self._run(upsert))
+        stored = _parse(Manifest, "manifests", await self._write(upsert))
         assert stored is not None
         return stored
 
@@ -282,7 +201,7 @@ class MongoSchedulerStorage:
                     _unlink(db, doc, done)
             return cleared
 
-        return await self._run(write)
+        return await self._write(write)
 
     # work queue
     async def enqueue(
@@ -319,16 +238,22 @@ class MongoSchedulerStorage:
             db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
             return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
 
-        return await self._run(write)
+        return await self._write(write)
 
     async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
         def claim(db: Database[Doc]) -> list[Doc]:
             now = _iso(_server_now(db))
-            due = {"scope": scope, "status": _QUEUED,
-                   "$or": [{"scheduled_at": None}, {"scheduled_at": {"$lte": now}}]}  # fmt: skip
-            candidates = list(
-                db.work_queue.find(due, {"_id": 1}).sort("created_at", 1).limit(limit)
-            )
+            # In due order, as the other providers: an entry with no `scheduled_at` is due from
+            # its `created_at`. Two sorted reads merged (nx-27017 has no `$ifNull` sort key).
+            fields = {"_id": 1, "scheduled_at": 1, "created_at": 1}
+            queued = {"scope": scope, "status": _QUEUED}
+            at_once = db.work_queue.find({**queued, "scheduled_at": None}, fields)
+            delayed = db.work_queue.find({**queued, "scheduled_at": {"$ne": None, "$lte": now}},
+                                         fields)  # fmt: skip
+            found = [*at_once.sort("created_at", 1).limit(limit),
+                     *delayed.sort("scheduled_at", 1).limit(limit)]  # fmt: skip
+            found.sort(key=lambda d: (d.get("scheduled_at") or d["created_at"], d["created_at"]))
+            candidates = found[:limit]
             claimed = []
             for candidate in candidates:
                 doc = db.work_queue.find_one_and_update(
@@ -342,7 +267,7 @@ class MongoSchedulerStorage:
                     claimed.append(doc)
             return claimed
 
-        return _parse_all(WorkEntry, "work_queue", await self._run(claim))
+        return _parse_all(WorkEntry, "work_queue", await self._write(claim))
 
     async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
         def write(db: Database[Doc]) -> Doc | None:
@@ -358,9 +283,11 @@ class MongoSchedulerStorage:
                 _unlink(db, before, before.get("replays") is not None)
             return db.work_queue.find_one({"_id": entry_id})
 
-        return _parse(WorkEntry, "work_queue", await self._run(write))
+        return _parse(WorkEntry, "work_queue", await self._write(write))
 
-    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+    async def requeue_dispatch(
+        self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
+    ) -> WorkEntry | None:
         def write(db: Database[Doc]) -> Doc | None:
             entry = _parse(WorkEntry, "work_queue", db.work_queue.find_one({"_id": entry_id}))
             if entry is None or entry.status is not WorkStatus.DISPATCHED:
@@ -369,17 +296,21 @@ class MongoSchedulerStorage:
             taken, markers = _take_keys(db, entry, now)
             scheduled = _iso(now + delay) if delay > timedelta(0) else None
             change = {**given_up_keys(taken), "status": _QUEUED, "scheduled_at": scheduled}
+            if not count_attempt:  # as read: the claim is the write before this one
+                change["dispatch_attempts"] = entry.dispatch_attempts - 1
             only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value}
             if not db.work_queue.update_one(only, {"$set": change}).matched_count:
                 _drop_keys(db, entry_id, markers)
                 return None
             return db.work_queue.find_one({"_id": entry_id})
 
-        return _parse(WorkEntry, "work_queue", await self._run(write))
+        return _parse(WorkEntry, "work_queue", await self._write(write))
 
-    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+    async def cancel_entry(
+        self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
+    ) -> bool:
         def write(db: Database[Doc]) -> bool:
-            only = {"_id": entry_id, "status": _QUEUED}
+            only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value if claimed else _QUEUED}
             done = db.work_queue.update_one(only, {"$set": {"status": WorkStatus.CANCELLED.value}})
             if done.matched_count:
                 _drop_keys(db, entry_id)
@@ -387,7 +318,7 @@ class MongoSchedulerStorage:
                     db.runs.replace_one({"_id": run.id}, _doc(run, run.id), upsert=True)
             return bool(done.matched_count)
 
-        return await self._run(write)
+        return await self._write(write)
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:
         doc = await self._run(lambda db: db.work_queue.find_one({"_id": entry_id}))
@@ -404,7 +335,7 @@ class MongoSchedulerStorage:
     # runs
     async def save_run(self, run: ManifestRun) -> None:
         doc = _doc(run, run.id)
-        await self._run(lambda db: db.runs.replace_one({"_id": run.id}, doc, upsert=True))
+        await self._write(lambda db: db.runs.replace_one({"_id": run.id}, doc, upsert=True))
 
     async def get_run(self, run_id: str) -> ManifestRun | None:
         return _parse(
@@ -435,6 +366,19 @@ class MongoSchedulerStorage:
         order = [("queued_at", -1), ("_id", -1)]
         docs = await self._run(lambda db: list(db.runs.find(query).sort(order)))
         return [r for r in _parse_all(ManifestRun, "runs", docs) if in_play(r, failed_since)]
+
+    async def delete_runs(self, run_ids: Collection[str]) -> int:
+        ids = list(dict.fromkeys(run_ids))
+
+        def delete(db: Database[Doc]) -> int:
+            found = {"_id": {"$in": ids}}
+            entries = [d.get("entry_id") for d in db.runs.find(found, {"entry_id": 1})]
+            db.work_queue.delete_many({"_id": {"$in": entries}, "status": {"$ne": _QUEUED}})
+            db.decisions.delete_many({"run_id": {"$in": ids}})
+            db.checkpoints.delete_many({"run_id": {"$in": ids}})
+            return int(db.runs.delete_many(found).deleted_count)  # last: a cut-short delete
+
+        return await self._write(delete) if ids else 0
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         docs = await self._run(lambda db: list(db.runs.find({"replays": run_id})))
@@ -471,7 +415,7 @@ class MongoSchedulerStorage:
             db.dead_letters.insert_one(doc)
             return True
 
-        return await self._run(write)
+        return await self._write(write)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
         doc = await self._run(lambda db: db.dead_letters.find_one({"_id": dead_letter_id}))
@@ -503,12 +447,28 @@ class MongoSchedulerStorage:
                 db.dead_letter_keys.delete_one({"dead_letter_id": dead_letter_id})
             return resolved
 
-        return _parse(DeadLetter, "dead_letters", await self._run(write))
+        return _parse(DeadLetter, "dead_letters", await self._write(write))
 
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
         query = {"resolved_at": {"$ne": None, "$lt": _iso(before)}}
-        done = await self._run(lambda db: db.dead_letters.delete_many(query))
-        return int(done.deleted_count)
+
+        def delete(db: Database[Doc]) -> int:
+            # Each manifest's latest resolution of each status stays: read per manifest with
+            # an old one (nx-27017 has no compound `$group` keys), then the rest deleted.
+            old = _parse_all(DeadLetter, "dead_letters", list(db.dead_letters.find(query)))
+            manifests = {(d.scope, d.manifest) for d in old}
+            resolved: list[DeadLetter] = []
+            for scope, name in manifests:
+                found = {"scope": scope, "manifest": name, "resolved_at": {"$ne": None}}
+                docs = list(db.dead_letters.find(found))
+                resolved += _parse_all(DeadLetter, "dead_letters", docs)
+            kept = kept_resolutions(resolved)
+            doomed = [d.id for d in old if d.id not in kept]
+            if not doomed:
+                return 0
+            return int(db.dead_letters.delete_many({"_id": {"$in": doomed}}).deleted_count)
+
+        return await self._write(delete)
 
     # decisions and checkpoints
     async def record_decision(self, decision: Decision) -> Decision:
@@ -536,7 +496,7 @@ class MongoSchedulerStorage:
     async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         key = f"{checkpoint.run_id}/{checkpoint.stage}"
         doc = _doc(checkpoint, key)
-        await self._run(lambda db: db.checkpoints.replace_one({"_id": key}, doc, upsert=True))
+        await self._write(lambda db: db.checkpoints.replace_one({"_id": key}, doc, upsert=True))
 
     async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         docs = await self._run(

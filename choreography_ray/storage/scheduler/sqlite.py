@@ -34,16 +34,12 @@ connection's; the unique indexes are the backstop.
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ValidationError
-
-from choreography_ray.errors import CorruptRecordError
 from choreography_ray.logs import get_logger
-from choreography_ray.model import check_schema_version
 from choreography_ray.scheduler.records import (
     Checkpoint,
     DeadLetter,
@@ -56,136 +52,50 @@ from choreography_ray.scheduler.records import (
 from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkStatus
 from choreography_ray.storage.scheduler import (
     Enqueued,
-    QueueKey,
-    entry_keys,
+    SchedulerStorage,
     given_up_keys,
     lease_for,
     merge_manifest,
     settle_keys,
+)
+from choreography_ray.storage.scheduler.sqlite_rows import (
+    _AWAITING,
+    _BATCH,
+    _LAYOUT,
+    _M,
+    _QUEUED,
+    _RUN_JOB,
+    _T,
+    _UNFINISHED,
+    _check_fence,
+    _db_now,
+    _insert_entry,
+    _iso,
+    _lay_out,
+    _parse,
+    _save_dead_letter,
+    _save_run,
+    _taken,
+    _unlink,
+    _update_entry,
 )
 from choreography_ray.storage.sqlite import SqliteStorage
 from choreography_ray.storage.sqlite_schema import shadow_missing
 
 log = get_logger(__name__)
 
-_T = TypeVar("_T")
-_M = TypeVar("_M", bound=BaseModel)
-
-_LAYOUT = """
-CREATE TABLE IF NOT EXISTS manifests (
-    scope TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL,
-    PRIMARY KEY (scope, name)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS work_queue (
-    id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
-    holds_manifest_key INTEGER NOT NULL, replays TEXT, resume_from TEXT, scheduled_at TEXT,
-    created_at TEXT NOT NULL, doc TEXT NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS work_queue_unique_queued_manifest ON work_queue (scope, manifest)
-    WHERE status = 'Queued' AND holds_manifest_key = 1;
-CREATE UNIQUE INDEX IF NOT EXISTS work_queue_unique_queued_replay ON work_queue (replays)
-    WHERE status = 'Queued' AND replays IS NOT NULL;
-CREATE UNIQUE INDEX IF NOT EXISTS work_queue_unique_queued_resume ON work_queue (resume_from)
-    WHERE status = 'Queued' AND resume_from IS NOT NULL;
-CREATE INDEX IF NOT EXISTS work_queue_due ON work_queue (scope, status, scheduled_at);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
-    replays TEXT, queued_at TEXT NOT NULL, doc TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS runs_manifest ON runs (scope, manifest, queued_at);
-CREATE INDEX IF NOT EXISTS runs_scope ON runs (scope, queued_at);
-CREATE INDEX IF NOT EXISTS runs_replays ON runs (replays);
-CREATE INDEX IF NOT EXISTS runs_status ON runs (scope, manifest, status);
-CREATE INDEX IF NOT EXISTS runs_job ON runs (json_extract(doc, '$.job_id'));
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id TEXT PRIMARY KEY, scope TEXT NOT NULL, manifest TEXT NOT NULL, status TEXT NOT NULL,
-    dead_lettered_at TEXT NOT NULL, resolved_at TEXT, doc TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS dead_letters_manifest ON dead_letters (scope, manifest, status);
-CREATE INDEX IF NOT EXISTS dead_letters_resolved ON dead_letters (status, resolved_at);
-CREATE TABLE IF NOT EXISTS decisions (
-    run_id TEXT NOT NULL, key TEXT NOT NULL, doc TEXT NOT NULL,
-    PRIMARY KEY (run_id, key)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS checkpoints (
-    run_id TEXT NOT NULL, stage INTEGER NOT NULL, doc TEXT NOT NULL,
-    PRIMARY KEY (run_id, stage)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS scheduler_locks (
-    name TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
-"""
-#: The database's clock plus a delay (`?`: an SQLite modifier such as '+2.5 seconds').
-_NOW = "SELECT strftime('%Y-%m-%dT%H:%M:%f', 'now', ?) || '000+00:00'"
-_QUEUED = WorkStatus.QUEUED.value
-_AWAITING = DeadLetterStatus.AWAITING_INTERVENTION.value
-#: One dead letter per manifest awaits intervention (created apart: an older file may hold two).
-_ONE_AWAITING = f"""CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_unique_awaiting ON
-    dead_letters (scope, manifest) WHERE status = '{_AWAITING}'"""
-_UNFINISHED = ", ".join(f"'{s.value}'" for s in RunStatus if not s.is_finished)
-#: The expression the `runs_job` index is on: a query must name it exactly to use the index.
-_RUN_JOB = "json_extract(doc, '$.job_id')"
-_ENTRY_COLUMNS = "id, scope, manifest, status, holds_manifest_key, replays, resume_from, " \
-    "scheduled_at, created_at, doc"  # fmt: skip
-#: Whether another queued entry holds a key, per key.
-_HELD = {
-    QueueKey.MANIFEST: "holds_manifest_key = 1 AND scope || '/' || manifest = ?",
-    QueueKey.REPLAY: "replays = ?",
-    QueueKey.RESUME: "resume_from = ?",
-}
-
-
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _db_now(c: sqlite3.Connection, delay: timedelta = timedelta(0)) -> datetime:
-    (text,) = c.execute(_NOW, (f"+{delay.total_seconds():.6f} seconds",)).fetchone()
-    return datetime.fromisoformat(text)
-
-
-def _parse(model: type[_M], table: str, key: str, doc: str) -> _M:
-    try:
-        record = model.model_validate_json(doc)
-    except ValidationError as exc:
-        raise CorruptRecordError(table, key, str(exc)) from exc
-    check_schema_version(table, key, getattr(record, "schema_version", None))
-    return record
-
-
-def _entry_row(e: WorkEntry) -> tuple[Any, ...]:
-    return (e.id, e.scope, e.manifest, e.status.value, int(e.holds_manifest_key), e.replays,
-            e.resume_from, _iso(e.scheduled_at), _iso(e.created_at),
-            e.model_dump_json())  # fmt: skip
-
-
-def _insert_entry(c: sqlite3.Connection, e: WorkEntry) -> None:
-    c.execute(f"INSERT INTO work_queue ({_ENTRY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-              _entry_row(e))  # fmt: skip
-
-
-def _update_entry(c: sqlite3.Connection, e: WorkEntry) -> None:
-    columns = _ENTRY_COLUMNS.split(", ")[1:]
-    sql = f"UPDATE work_queue SET {', '.join(f'{n} = ?' for n in columns)} WHERE id = ?"
-    c.execute(sql, (*_entry_row(e)[1:], e.id))
-
-
-def _save_run(c: sqlite3.Connection, r: ManifestRun) -> None:
-    c.execute(
-        """INSERT INTO runs (id, scope, manifest, status, replays, queued_at, doc)
-        VALUES (?,?,?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET status = excluded.status,
-        replays = excluded.replays, queued_at = excluded.queued_at, doc = excluded.doc""",
-        (r.id, r.scope, r.manifest, r.status.value, r.replays, _iso(r.queued_at),
-         r.model_dump_json()),
-    )  # fmt: skip
-
-
-def _taken(c: sqlite3.Connection, entry: WorkEntry, besides: str = "") -> set[QueueKey]:
-    taken = set()
-    for kind, value in entry_keys(entry).items():
-        sql = f"SELECT 1 FROM work_queue WHERE status = ? AND id != ? AND {_HELD[kind]}"
-        if c.execute(sql, (_QUEUED, besides, value)).fetchone():
-            taken.add(kind)
-    return taken
-
 
 class SqliteSchedulerStorage:
     def __init__(self, storage: SqliteStorage) -> None:
         self.storage = storage
         self._laid_out = False
+        #: (lease name, holder) whose lease every write checks in its transaction, or None.
+        self._fence: tuple[str, str] | None = None
+
+    def fenced(self, name: str, holder: str) -> SchedulerStorage:
+        twin = copy.copy(self)
+        twin._fence = (name, holder)
+        return twin
 
     async def _ready(self) -> None:
         if not self._laid_out:
@@ -196,11 +106,21 @@ class SqliteSchedulerStorage:
                 await self.storage._write(_lay_out)
             self._laid_out = True
 
-    async def _transact(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """`work` in one BEGIN IMMEDIATE transaction; its result."""
+    async def _transact(
+        self, work: Callable[[sqlite3.Connection], _T], *, fence: bool = True
+    ) -> _T:
+        """`work` in one BEGIN IMMEDIATE transaction; its result. A fenced storage checks its
+        lease first in the same transaction (`fence`: the lease's own writes do not)."""
         await self._ready()
         out: list[_T] = []
-        await self.storage._write(lambda c: out.append(work(c)))
+        fenced = self._fence if fence else None
+
+        def transaction(c: sqlite3.Connection) -> None:
+            if fenced is not None:
+                _check_fence(c, *fenced)
+            out.append(work(c))
+
+        await self.storage._write(transaction)
         return out[0]
 
     async def _docs(self, sql: str, *args: object) -> list[tuple[str, str]]:
@@ -218,7 +138,9 @@ class SqliteSchedulerStorage:
         return self._parsed(model, table, await self._docs(sql, *given.values(), limit))
 
     async def now(self) -> datetime:
-        return await self._transact(_db_now)
+        # A read outside any write transaction: reading the clock takes no write lock.
+        await self._ready()
+        return await self.storage._run(_db_now)
 
     # manifests
     async def upsert_manifest(self, manifest: Manifest, stated: Collection[str]) -> Manifest:
@@ -350,23 +272,29 @@ class SqliteSchedulerStorage:
 
         return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change))
 
-    async def requeue_dispatch(self, entry_id: str, delay: timedelta) -> WorkEntry | None:
+    async def requeue_dispatch(
+        self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
+    ) -> WorkEntry | None:
         def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
             update = given_up_keys(_taken(c, entry, besides=entry_id))
             scheduled = _db_now(c, delay) if delay > timedelta(0) else None
-            return entry.model_copy(
-                update={**update, "status": WorkStatus.QUEUED, "scheduled_at": scheduled}
-            )
+            attempts = entry.dispatch_attempts - (0 if count_attempt else 1)
+            return entry.model_copy(update={**update, "status": WorkStatus.QUEUED,
+                                            "scheduled_at": scheduled,
+                                            "dispatch_attempts": attempts})  # fmt: skip
 
         return await self._transact(self._change(entry_id, WorkStatus.DISPATCHED, change))
 
-    async def cancel_entry(self, entry_id: str, run: ManifestRun | None = None) -> bool:
+    async def cancel_entry(
+        self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
+    ) -> bool:
         def change(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
             if run is not None:
                 _save_run(c, run)
             return entry.model_copy(update={"status": WorkStatus.CANCELLED})
 
-        return await self._transact(self._change(entry_id, WorkStatus.QUEUED, change)) is not None
+        wanted = WorkStatus.DISPATCHED if claimed else WorkStatus.QUEUED
+        return await self._transact(self._change(entry_id, wanted, change)) is not None
 
     async def get_entry(self, entry_id: str) -> WorkEntry | None:
         return next(iter(await self._find(WorkEntry, "work_queue", id=entry_id)), None)
@@ -397,6 +325,24 @@ class SqliteSchedulerStorage:
             '$.started_at'), queued_at)) >= julianday(?))) ORDER BY queued_at DESC, id DESC"""
         rows = await self._docs(sql, scope, manifest, RunStatus.FAILED.value, _iso(failed_since))
         return self._parsed(ManifestRun, "runs", rows)
+
+    async def delete_runs(self, run_ids: Collection[str]) -> int:
+        ids = list(dict.fromkeys(run_ids))
+
+        def delete(c: sqlite3.Connection) -> int:
+            deleted = 0
+            for at in range(0, len(ids), _BATCH):
+                batch = ids[at : at + _BATCH]
+                marks = ", ".join("?" * len(batch))
+                c.execute(f"""DELETE FROM work_queue WHERE status != ? AND id IN (SELECT
+                    json_extract(doc, '$.entry_id') FROM runs WHERE id IN ({marks}))""",
+                          (_QUEUED, *batch))  # fmt: skip
+                for table in ("decisions", "checkpoints"):
+                    c.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", batch)
+                deleted += c.execute(f"DELETE FROM runs WHERE id IN ({marks})", batch).rowcount
+            return deleted
+
+        return await self._transact(delete)
 
     async def runs_replaying(self, run_id: str) -> list[ManifestRun]:
         return await self._find(ManifestRun, "runs", replays=run_id)
@@ -450,7 +396,11 @@ class SqliteSchedulerStorage:
 
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
         def delete(c: sqlite3.Connection) -> int:
-            sql = "DELETE FROM dead_letters WHERE resolved_at IS NOT NULL AND resolved_at < ?"
+            # Each manifest's latest resolution of each status stays (`kept_resolutions`).
+            sql = """DELETE FROM dead_letters WHERE resolved_at IS NOT NULL AND resolved_at < ?
+                AND id NOT IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY
+                scope, manifest, status ORDER BY resolved_at DESC, id DESC) AS n FROM
+                dead_letters WHERE resolved_at IS NOT NULL) WHERE n = 1)"""
             return int(c.execute(sql, (_iso(before),)).rowcount)
 
         return await self._transact(delete)
@@ -463,7 +413,8 @@ class SqliteSchedulerStorage:
             sql = "SELECT doc FROM decisions WHERE run_id = ? AND key = ?"
             return str(c.execute(sql, (decision.run_id, decision.key)).fetchone()[0])
 
-        return _parse(Decision, "decisions", decision.key, await self._transact(write))
+        record = await self._transact(write, fence=False)  # a step host's, not the scheduler's
+        return _parse(Decision, "decisions", decision.key, record)
 
     async def list_decisions(self, run_id: str) -> list[Decision]:
         rows = await self._docs(
@@ -497,46 +448,15 @@ class SqliteSchedulerStorage:
                           (name, lease.model_dump_json()))  # fmt: skip
             return lease
 
-        return await self._transact(write)
+        return await self._transact(write, fence=False)
 
     async def release_lease(self, name: str, holder: str) -> bool:
         def delete(c: sqlite3.Connection) -> bool:
             sql = "DELETE FROM scheduler_locks WHERE name = ? AND json_extract(doc, '$.holder') = ?"
             return int(c.execute(sql, (name, holder)).rowcount) == 1
 
-        return await self._transact(delete)
+        return await self._transact(delete, fence=False)
 
     async def get_lease(self, name: str) -> SchedulerLease | None:
         rows = await self._docs("SELECT name, doc FROM scheduler_locks WHERE name = ?", name)
         return next(iter(self._parsed(SchedulerLease, "scheduler_locks", rows)), None)
-
-
-def _lay_out(c: sqlite3.Connection) -> None:
-    for statement in filter(str.strip, _LAYOUT.split(";")):
-        c.execute(statement)
-    try:
-        c.execute(_ONE_AWAITING)
-    except sqlite3.IntegrityError:  # a file written before it, with two awaiting: checked anyway
-        log.warning("dead_letters: two dead letters of one manifest await intervention; the "
-                    "unique index waits until one is resolved")  # fmt: skip
-
-
-def _unlink(c: sqlite3.Connection, entry: WorkEntry) -> WorkEntry:
-    """The entry and its run without their replay link (the entry row is written by the caller
-    or here)."""
-    entry = entry.model_copy(update={"replays": None})
-    _update_entry(c, entry)
-    row = c.execute("SELECT doc FROM runs WHERE id = ?", (entry.run_id,)).fetchone()
-    if row is not None:
-        run = _parse(ManifestRun, "runs", entry.run_id, row[0])
-        _save_run(c, run.model_copy(update={"replays": None}))
-    return entry
-
-
-def _save_dead_letter(c: sqlite3.Connection, d: DeadLetter) -> None:
-    c.execute(
-        """INSERT OR REPLACE INTO dead_letters
-        (id, scope, manifest, status, dead_lettered_at, resolved_at, doc) VALUES (?,?,?,?,?,?,?)""",
-        (d.id, d.scope, d.manifest, d.status.value, _iso(d.dead_lettered_at),
-         _iso(d.resolved_at), d.model_dump_json()),
-    )  # fmt: skip

@@ -126,7 +126,8 @@ class FakeJobs:
     async def stop_job(self, scope: str, namespace: str, job_id: str) -> None:
         """As the manager does: the job is stopped, and (no step holding it) its stop final."""
         self.stopped.append(job_id)
-        self.jobs[job_id] = JobView(JobStatus.STOPPED, stop_finalized=True)
+        stages = self.jobs[job_id].stages if job_id in self.jobs else ()
+        self.jobs[job_id] = JobView(JobStatus.STOPPED, stop_finalized=True, stages=stages)
 
     async def release_job(self, scope: str, namespace: str, job_type: str, job_id: str) -> None:
         if self.release_error is not None:
@@ -159,6 +160,8 @@ class Harness:
         cycle = self.options.manifest_cycle.total_seconds()
         for _ in range(round(seconds / step)):
             if self._elapsed % cycle < 1e-9 or cycle - self._elapsed % cycle < 1e-9:
+                # The lease is renewed as the lock's loop would (its expiry is on this clock).
+                await self.core.lock.keep()
                 await self.core.run_cycle()
             await self.core.dispatch_due()
             self.clock.advance(step)

@@ -5,6 +5,8 @@ the top (its layout changed) leaves its run with no `resumed_from`."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from choreography_ray.model import StageProgress
 from choreography_ray.scheduler.port import JobView
 from choreography_ray.scheduler.schedules import Cron, Every
@@ -120,5 +122,43 @@ def test_resume_execution_of_a_run_without_a_checkpoint_runs_from_the_top() -> N
         await h.run_for(1)
         assert h.jobs.started[-1].resume_after is None
         assert (await h.storage.get_run(resumed)).resumed_from is None  # type: ignore[union-attr]
+
+    run(scenario)
+
+
+#: Stage 0 completed, stage 1 still running (a run past its timeout).
+RUNS_IN_STAGE_1 = JobView(
+    JobStatus.RUNNING,
+    stages=(
+        StageProgress(stage=0, is_started=True, total_steps=2, successful_steps=2),
+        StageProgress(stage=1, is_started=True, total_steps=1),
+        StageProgress(stage=2, total_steps=1),
+    ),
+)
+
+
+def test_a_run_cancelled_by_its_timeout_stores_its_checkpoint_and_resumes_after_it() -> None:
+    """Issue 36, item 3: a CANCELLED run (a run timeout) keeps its checkpoint, so
+    `resume_execution` of it skips the stages it completed, as docs/scheduler.md says."""
+
+    async def scenario() -> None:
+        h = checkpointing()
+        h.jobs.ends_as = RUNS_IN_STAGE_1
+        core = await h.start()
+        await core.schedule(
+            "m", JOB, {}, Cron(expression="0 0 1 1 *"), timeout=timedelta(seconds=5)
+        )
+        await core.trigger("m")
+        await h.run_for(10)
+        (cancelled,) = await core.runs("m")
+        assert cancelled.status is RunStatus.CANCELLED and cancelled.timed_out_at is not None
+        (point,) = await h.storage.list_checkpoints(cancelled.id)
+        assert point.stage == 0
+
+        resumed = await core.resume_execution(cancelled.id)
+        await h.run_for(2)
+        assert h.jobs.started[-1].resume_after is not None
+        assert h.jobs.started[-1].resume_after.stage == 0
+        assert (await h.storage.get_run(resumed)).resumed_from == cancelled.id  # type: ignore[union-attr]
 
     run(scenario)

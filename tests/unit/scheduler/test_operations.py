@@ -94,6 +94,8 @@ def test_trigger__an_operators_queued_requeue_is_the_run_in_flight() -> None:
         (failed,) = await core.runs("m")
         assert failed.status is RunStatus.FAILED
         again = await core.requeue_execution(failed.id)  # queued: holds no manifest key
+        (letter,) = await core.dead_letters("m")
+        await core.acknowledge(letter.id, "seen")  # a dead-lettered manifest is not triggered
         answer = await core.trigger("m")
         assert answer.run_id == again.run_id and answer.already_dispatched
         assert [e.run_id for e in await h.storage.queued_entries("s", "m")] == [again.run_id]
@@ -260,9 +262,12 @@ def test_dispatch__a_stuck_jobs_manager_holds_up_no_other_namespace() -> None:
             await core.schedule(name, JOB, {}, Every.hours(1), namespace=namespace)
         await h.run_for(0.5)  # one cycle, one dispatch: a1 times out, a2 waits, b starts
         status = {r.manifest: r.status for r in await core.runs()}
-        assert status == {"a1": RunStatus.DISPATCH_REQUEUED, "a2": RunStatus.DISPATCH_REQUEUED,
+        assert status == {"a1": RunStatus.DISPATCH_REQUEUED, "a2": RunStatus.QUEUED,
                           "b": RunStatus.RUNNING}  # fmt: skip
         assert len(h.jobs.attempts) == 2  # a2's start was not tried behind a1's
+        # ... and used up no dispatch attempt (issue 36, item 9): it is due at the next one.
+        (a2,) = await h.storage.queued_entries("s", "a2")
+        assert a2.dispatch_attempts == 0 and a2.scheduled_at is None
         assert (await core.trigger("b")).already_dispatched  # operations move too
 
     run(scenario)
