@@ -13,6 +13,7 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from tests.autoscaling import requested_bundles
 from tests.runtime.pool_jobs import EmbedJob, EmbedRequest
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.support import RAY_NAMESPACE, eventually, read_trace
@@ -68,6 +69,9 @@ def test_a_pool_ray_cannot_place_holds_up_no_other_job(connect, scope, tmp_path:
         what="the pool's demand shown",
     )
     assert (waiting.hosts, waiting.waiting) == (0, 50)
+    # The autoscaler is asked for a bundle per host the backlog wants (50 steps, 32 a host).
+    bundle = {"GPU": 1.0, "widget": 1.0}
+    assert eventually(requested_bundles, what="the pools' request") == [bundle, bundle]
 
     # A two-stage plain job of another tenant runs as it would alone.
     plain = jobs.manager(scope, "plain-tenant")
@@ -96,6 +100,8 @@ def test_a_pool_ray_cannot_place_holds_up_no_other_job(connect, scope, tmp_path:
         what="the removed job gone",
     )
     assert _pool_hosts(shape) == []  # never a host that cannot be placed
+    # No job holds a step of the pool any more: the request is emptied.
+    eventually(lambda: requested_bundles() == [], timeout=PROMPTLY, what="the request emptied")
 
 
 def test_a_gpu_held_by_another_actor_leaves_one_host_that_runs_every_step(
