@@ -109,7 +109,9 @@ def chaos(
             help="ci: small jobs, 1-2 faults; soak: bigger jobs, up to 4 faults; tier: ci's "
             "jobs, 3-4 faults; activation: soak's, with job actors killed during stops, "
             "removals, or with their hosts; proxy (with --storage mongodb): tier's jobs, six "
-            "faults of the MongoDB fault proxy only.",
+            "faults of the MongoDB fault proxy only; pool: tier's, pool jobs among them on GPU "
+            "worker nodes, and the pool faults (a pool host killed mid-batch, a GPU node "
+            "removed, a job whose pool no node can place).",
         ),
     ] = "soak",
     storage: Annotated[

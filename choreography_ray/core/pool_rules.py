@@ -224,15 +224,22 @@ class PoolRules:
                 made = True
             if not made:
                 break
-        if any(n > 0 for n in short.values()):
-            # A shape that waits takes the place of hosts another shape has beyond its wants.
+        waiting = [wanted[shape][1].resources for shape, n in short.items() if n > 0]
+        if waiting:
+            # A shape that waits takes the place of hosts another shape has beyond its wants,
+            # on a node where it would fit once they are gone.
             surplus = {
                 shape: have[shape] - wanted.get(shape, (0, None))[0]
                 for shape in have
                 if short.get(shape, 0) <= 0
             }
             for row in sorted(self.hosts.values(), key=lambda r: r.name):
-                if row.state is HostState.PLACED and surplus.get(row.shape, 0) > 0:
+                if (
+                    row.state is HostState.PLACED
+                    and surplus.get(row.shape, 0) > 0
+                    and row.node in free
+                    and _would_fit(waiting, free[row.node], row.resources)
+                ):
                     plan.reclaim.append(row.name)
                     surplus[row.shape] -= 1
         return plan
@@ -284,6 +291,15 @@ def _take(free: dict[str, float], resources: Resources) -> None:
     for key, amount in resources:
         name = RAY_NAMES.get(key, key)
         free[name] = free.get(name, 0.0) - amount
+
+
+def _would_fit(waiting: list[Resources], free: Mapping[str, float], freed: Resources) -> bool:
+    """Whether a host of one of the `waiting` shapes fits in `free` once `freed` is given back."""
+    after = dict(free)
+    for key, amount in freed:
+        name = RAY_NAMES.get(key, key)
+        after[name] = after.get(name, 0.0) + amount
+    return any(hosts_fit(resources, after) >= 1 for resources in waiting)
 
 
 def _roomiest(

@@ -44,8 +44,8 @@ class PoolOwner:
         self.rules = PoolRules()
         self._handles: dict[str, Any] = {}
         self._turn = asyncio.Lock()
-        #: Set once a tick has read Ray: before it, which hosts are placed is not known.
-        self._read = asyncio.Event()
+        #: Held while a request goes to the autoscaler: each sends the latest one.
+        self._requesting = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._spawn(self._ticks(), "pool ticks")
@@ -62,11 +62,6 @@ class PoolOwner:
                 self._wake.set()  # a shape without hosts yet: tick now
             said = self.rules.say(job_id, demands, time.monotonic())
             return {shape: (self._named(names), coming) for shape, (names, coming) in said.items()}
-
-    async def placed(self) -> list[tuple[str, Any]]:
-        """Every placed host of every pool, once a tick has read Ray (the caller bounds it)."""
-        await self._read.wait()
-        return self._named(self.rules.placed())
 
     async def describe(self) -> dict[str, dict[str, int]]:
         """Per shape: `waiting` steps the jobs hold back, `wanted` hosts, `unplaced` hosts."""
@@ -93,7 +88,6 @@ class PoolOwner:
                 await self._tick()
             except Exception:
                 log.exception("the pools' tick failed; again in %g s", TICK_SECONDS)
-            self._read.set()
             busy = bool(self.rules.demand or self.rules.hosts)
             every = TICK_SOON_SECONDS if self.rules.unplaced() else TICK_SECONDS
             with contextlib.suppress(TimeoutError):
@@ -129,7 +123,7 @@ class PoolOwner:
             request = self.rules.request(now)
             if request != self.rules.requested:
                 self.rules.requested = request
-                self._spawn(self._request(request), "request resources")
+                self._spawn(self._request(), "request resources")
 
     def _read_ray(
         self,
@@ -174,10 +168,13 @@ class PoolOwner:
             if await handle.leave_if_idle.remote():
                 log.info("pool host %s left for a pool that waits", name)
 
-    async def _request(self, bundles: list[dict[str, float]]) -> None:
+    async def _request(self) -> None:
+        """Sends the latest request (one at a time, so an older one never lands last)."""
         from ray.autoscaler.sdk import request_resources
 
-        await asyncio.to_thread(request_resources, bundles=bundles)
+        async with self._requesting:
+            bundles = self.rules.requested
+            await asyncio.to_thread(request_resources, bundles=bundles)
         log.info("asked the autoscaler for %d pool host bundles", len(bundles))
 
     def _spawn(self, coro: Any, name: str) -> None:

@@ -656,3 +656,16 @@ def test_plan__never_more_hosts_on_a_node_than_its_gpus(
                 if a.node == node and a.placed_at is not None
             )
             assert placed + ray.others.get(node, {}).get("GPU", 0.0) <= total["GPU"] + 1e-9
+
+
+def test_reclaim__not_for_a_shape_that_could_not_use_the_freed_node() -> None:
+    rules = PoolRules()
+    total = {"n1": {"GPU": 1.0, "CPU": 2.0}}
+    rules.say("a", [demand(GPU, 10)], 0.0)
+    (made,) = rules.plan(total, total, 0.0).create
+    rules.seen({made.name: True}, 1.0)
+    rules.say("a", [demand(GPU, 0)], 1.0)  # its job is done: the host is surplus
+    widget = (("num_gpus", 1.0), ("widget", 1.0))
+    rules.say("b", [demand(widget, 10)], 1.0)  # needs a resource no node has
+
+    assert rules.plan(total, {"n1": {"GPU": 0.0, "CPU": 2.0}}, 5.0).reclaim == []
