@@ -34,6 +34,9 @@ from choreography_ray.types import import_type
 
 log = get_logger(__name__)
 
+#: The names of the shared hosts start with it.
+SHARED = step_host_name("", 0).split("/")[0] + "/"
+
 #: Seconds a host (or the pools' owner) has to answer a control call: which steps of a job it
 #: runs, a stop, a fence lifted. A host that misses it is not known yet, and asked again.
 CONTROL_SECONDS = 10.0
@@ -49,7 +52,8 @@ class RayHosts:
         self._options = options
         self._namespace = namespace
         self.handles: dict[str, Any] = {}
-        self._shared: list[str] = []
+        #: The shared hosts of the alive nodes: name -> node id.
+        self._shared: dict[str, str] = {}
         self._turn = 0  # the rotation survives refreshes, so batches keep spreading over nodes
         #: Per shape, the placed hosts of its pool as the pools' owner last named them.
         self._pools: dict[str, list[str]] = {}
@@ -62,25 +66,30 @@ class RayHosts:
         self._releasing: set[asyncio.Task[None]] = set()
 
     async def refresh(self) -> None:
-        """Creates (or finds) the shared hosts of every alive node; forgets those of dead
-        nodes."""
+        """Learns the shared hosts of every alive node (their names: a host is created when a
+        step is first placed on it); forgets those of dead nodes."""
         self._build(await asyncio.to_thread(alive_node_resources))
 
     def _build(self, nodes: dict[str, dict[str, float]]) -> None:
-        built: dict[str, Any] = {}
-        for node_id, resources in nodes.items():
-            for index in range(self._options.step_hosts_per_node or hosts_fit((), resources)):
-                name = step_host_name(node_id, index)
-                built[name] = self.handles.get(name) or self._shared_host(name, node_id)
-        self._shared = list(built)
-        others = {n: h for n, h in self.handles.items() if not n.startswith("step-host/")}
-        self.handles = {**others, **built}
+        self._shared = {
+            step_host_name(node_id, index): node_id
+            for node_id, resources in nodes.items()
+            for index in range(self._options.step_hosts_per_node or hosts_fit((), resources))
+        }
+        for name in [n for n in self.handles if n.startswith(SHARED) and n not in self._shared]:
+            del self.handles[name]
 
-    def _shared_host(self, name: str, node_id: str) -> Any:
-        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        return StepHost.options(  # type: ignore[attr-defined]
-            **actor_options(name, self._namespace, scheduling_strategy=strategy)
-        ).remote(*self._args)
+    def _shared_host(self, name: str) -> str:
+        """The shared host `name`, created (or found) on its node when it has no handle yet. It
+        leaves once idle for `pool_idle_timeout`, as a pool's host does, so that an autoscaler
+        can remove a node no step needs."""
+        if name not in self.handles:
+            strategy = NodeAffinitySchedulingStrategy(self._shared[name], soft=False)
+            idle = self._options.pool_idle_timeout
+            self.handles[name] = StepHost.options(  # type: ignore[attr-defined]
+                **actor_options(name, self._namespace, scheduling_strategy=strategy)
+            ).remote(*self._args, None if idle is None else idle.total_seconds())
+        return name
 
     def place(
         self, job_id: str, starts: list[StepStart], placement: Placement
@@ -94,7 +103,8 @@ class RayHosts:
             self._build(alive_node_resources())
             if not self._shared:
                 raise RuntimeError("no alive Ray node to host steps")
-        name = self._shared[self._turn % len(self._shared)]
+        names = list(self._shared)
+        name = self._shared_host(names[self._turn % len(names)])
         self._turn += 1
         return [(name, starts)]
 
@@ -145,7 +155,7 @@ class RayHosts:
                     job_id, self.context, wire, tuple(labels), epoch
                 )
         except ray.exceptions.ActorDiedError:
-            self._forget_pool_host(host)
+            self._forget(host)
             raise
         except TimeoutError:
             raise StepHostUnknownError(
@@ -153,13 +163,14 @@ class RayHosts:
             ) from None
         return str(incarnation)
 
-    def _forget_pool_host(self, host: str) -> None:
-        """A pool's host that is gone (it left when idle, or its node did) gets no more steps
-        until the pools' owner names it again."""
+    def _forget(self, host: str) -> None:
+        """A host that is gone (it left when idle, or its node did): a pool's gets no more
+        steps until the pools' owner names it again; a shared one is created again when a
+        step is next placed on it."""
+        self.handles.pop(host, None)
         for hosts in self._pools.values():
             if host in hosts:
                 hosts.remove(host)
-                self.handles.pop(host, None)
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:
         names = [h for h in hosts if h in self.handles]
@@ -205,14 +216,13 @@ class RayHosts:
     async def _placed(self, job_id: str) -> list[str]:
         """The hosts that can hold the job's steps and that Ray has placed (alive)."""
         listed, alive = await asyncio.to_thread(
-            self._named_and_alive, step_actor_name(job_id, ""), pool_prefix()
+            self._named_and_alive, SHARED, step_actor_name(job_id, ""), pool_prefix()
         )
         for name in listed:
             if name not in self.handles:
                 with contextlib.suppress(ValueError):  # gone since it was listed
                     self.handles[name] = ray.get_actor(name, namespace=self._namespace)
-        candidates = [*self._shared, *(n for n in listed if n in self.handles)]
-        return [n for n in dict.fromkeys(candidates) if self.handles[n]._actor_id.hex() in alive]
+        return [n for n in listed if n in self.handles and self.handles[n]._actor_id.hex() in alive]
 
     def _named_and_alive(self, *prefixes: str) -> tuple[list[str], set[str]]:
         from ray._private import state
