@@ -141,6 +141,11 @@ def shape_name(resources: tuple[tuple[str, float], ...]) -> str:
     return ",".join(f"{key}={amount:.15g}" for key, amount in resources) or "none"
 
 
+def pool_host_name(shape: str, node_id: str, index: int) -> str:
+    """`pool/{shape}/{node_id}/{index}`: a pool's host (its owner names it, without Ray)."""
+    return f"pool/{shape}/{node_id}/{index}"
+
+
 def hosts_fit(resources: tuple[tuple[str, float], ...], node: Mapping[str, float]) -> int:
     """How many hosts of the shape the resources `node` has (Ray's names: CPU, GPU, memory,
     custom) hold: limited by each resource the shape needs. A custom resource counts for at

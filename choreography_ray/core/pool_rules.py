@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from choreography_ray.core.placement import RAY_NAMES, hosts_fit, node_cap
+from choreography_ray.core.placement import RAY_NAMES, hosts_fit, node_cap, pool_host_name
 
 #: Seconds a job's demand counts without being said again (a job says it every second; one
 #: whose actor died stops saying it).
@@ -257,9 +257,9 @@ class PoolRules:
         """The first free name; a host killed in the same plan may still be there."""
         taken = {row.name for row in self.hosts.values()} | killed
         index = 0
-        while f"pool/{shape}/{node}/{index}" in taken:
+        while pool_host_name(shape, node, index) in taken:
             index += 1
-        return f"pool/{shape}/{node}/{index}"
+        return pool_host_name(shape, node, index)
 
 
 def _wider(a: PoolDemand, b: PoolDemand) -> PoolDemand:

@@ -26,9 +26,6 @@ def step_host_name(node_id: str, index: int) -> str:
     return f"step-host/{node_id}/{index}"
 
 
-#: The node part of the name of a pool's host that no alive node fits (Ray places it when one
-#: joins).
-PENDING = "pending"
 
 
 def limiter_name(step_type_path: str) -> str:
@@ -38,10 +35,6 @@ def limiter_name(step_type_path: str) -> str:
 def pool_prefix(shape: str = "") -> str:
     """The names of a pool's hosts start with it (of every pool's, without `shape`)."""
     return f"pool/{shape}/" if shape else "pool/"
-
-
-def pool_host_name(shape: str, node_id: str, index: int) -> str:
-    return f"{pool_prefix(shape)}{node_id}/{index}"
 
 
 def step_actor_name(job_id: str, step_id: str) -> str:
