@@ -26,8 +26,6 @@ def step_host_name(node_id: str, index: int) -> str:
     return f"step-host/{node_id}/{index}"
 
 
-
-
 def limiter_name(step_type_path: str) -> str:
     return f"limit/{step_type_path}"
 

@@ -13,6 +13,12 @@ write lock (a real fault) or through the run's control file read by the test-onl
 public API, through actor methods Ray exposes anyway: `drop_deliveries` (the step hosts' test
 hook) and a duplicate delivery (the job actor's `report_outcomes` called again with outcomes
 the step log shows were already reported).
+
+In a run with pool jobs (`worker_gpus`), each worker node declares that many GPUs (Ray accepts
+them without real ones) and the head none, so pool hosts live on the workers only. The pool
+faults: a pool host killed mid-batch (`kill_pool_host`), a GPU worker removed and a new one added
+`seconds` later (`remove_gpu_node`, the add deferred: `ChaosCluster.run_due`), and a job whose
+pool no node can place started beside the others (`unplaceable_pool`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,14 @@ from ray.cluster_utils import Cluster
 import choreography_ray as cr
 from choreography_ray.storage.sqlite import BUSY_TIMEOUT_MS
 from tests.chaos import storage_faults
-from tests.chaos.jobs import RUN_DIR_ENV
+from tests.chaos.jobs import (
+    RUN_DIR_ENV,
+    UNPLACEABLE_SHAPE,
+    ChaosItem,
+    ChaosJob,
+    ChaosRequest,
+    ChaosStepPlan,
+)
 from tests.chaos.storage_faults import BUSY_ENV
 from tests.support import free_port, read_trace
 
@@ -101,17 +114,26 @@ KINDS = (
     PROCESS_FAULTS + NODE_FAULTS + STORAGE_FAULTS + MONGODB_FAULTS + DELIVERY_FAULTS
     + OPERATOR_ACTIONS
 )  # fmt: skip
+#: The pool faults, drawn by the `pool` profile only (its runs have GPU nodes and pool jobs).
+POOL_FAULTS = ("kill_pool_host", "remove_gpu_node", "unplaceable_pool")
 
 #: Faults that can lose a running step or its outcome's write: a step in flight at one of
 #: them may run again.
 LOSSY = frozenset(
     {
         "kill_host_ray", "kill_host_sigkill", "remove_node", "restart_cluster", *STORAGE_FAULTS,
-        *MONGODB_FAULTS,
+        *MONGODB_FAULTS, "kill_pool_host", "remove_gpu_node",
     }
 )  # fmt: skip
 #: The commands a one-shot proxy fault aims at: the writes the runtime makes.
 MONGODB_WRITES = ("update", "insert", "delete", "findAndModify")
+
+#: Seconds a pool fault waits for a batch of its job to be in flight before it takes any host
+#: (or GPU node) there is.
+BATCH_WAIT_SECONDS = 5.0
+#: A batch logged as started within this many seconds, and not ended, is taken as in flight (a
+#: batch of a host killed earlier never logs its end).
+IN_FLIGHT_SECONDS = 10.0
 
 
 @dataclass
@@ -141,6 +163,7 @@ class ChaosCluster:
         namespace: str,
         scope: str,
         worker_nodes: int = 1,
+        worker_gpus: int = 0,
         dashboard: bool = False,
         log: Callable[[str], None] = print,
         sqlite_busy_seconds: float | None = None,
@@ -155,6 +178,14 @@ class ChaosCluster:
         self.namespace = namespace
         self.scope = scope
         self.initial_workers = worker_nodes
+        #: GPUs each worker node declares (0: none, and the head never has any).
+        self.worker_gpus = worker_gpus
+        #: The ids of the nodes made with GPUs, over every cluster of the run.
+        self.gpu_nodes: set[str] = set()
+        #: Actions a fault deferred: (epoch seconds due, what, the action), run by `run_due`.
+        self.due: list[tuple[float, str, Callable[[], str]]] = []
+        #: Since when (monotonic) the cluster has had no GPU worker (`ensure_gpu_node`).
+        self._gpu_less_since: float | None = None
         self.dashboard = dashboard
         self.log = log
         self.cluster: Cluster | None = None
@@ -177,9 +208,11 @@ class ChaosCluster:
         }
         if self.dashboard:  # a port of its own: other clusters of the machine may hold 8265
             head["dashboard_port"] = free_port()
+        if self.worker_gpus:
+            head["num_gpus"] = 0
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         for _ in range(self.initial_workers):
-            self.cluster.add_node(num_cpus=1)
+            self.add_worker()
         self.cluster.wait_for_nodes()
         ray.init(
             address=self.cluster.address,
@@ -225,6 +258,52 @@ class ChaosCluster:
                     raise
                 self.log(f"starting the cluster again failed ({error}); try {attempt + 1}")
                 self.shutdown()
+
+    def add_worker(self, gpus: bool = True) -> Any:
+        """A worker node of one CPU, with the run's GPUs unless `gpus` is False."""
+        assert self.cluster is not None
+        if not (gpus and self.worker_gpus):
+            return self.cluster.add_node(num_cpus=1)
+        node = self.cluster.add_node(num_cpus=1, num_gpus=self.worker_gpus)
+        self.gpu_nodes.add(node.node_id)
+        return node
+
+    def gpu_workers(self) -> list[Any]:
+        """The worker nodes of the cluster that have GPUs."""
+        return [n for n in self.worker_nodes() if n.node_id in self.gpu_nodes]
+
+    def defer(self, seconds: float, what: str, action: Callable[[], str]) -> None:
+        self.due.append((time.time() + seconds, what, action))
+
+    def run_due(self, wait: bool = False) -> list[str]:
+        """Runs the deferred actions that are due (every one, waiting for it, with `wait`);
+        says what each did."""
+        done: list[str] = []
+        self.due.sort(key=lambda d: d[0])
+        while self.due and (wait or self.due[0][0] <= time.time()):
+            at, what, action = self.due.pop(0)
+            time.sleep(max(0.0, at - time.time()))
+            try:
+                done.append(f"{what}: {action()}")
+            except Exception as error:
+                done.append(f"{what} failed: {type(error).__name__}: {error}")
+        return done
+
+    def ensure_gpu_node(self, grace: float = 0.0) -> str | None:
+        """A GPU worker node added once none has been left for `grace` seconds and no fault
+        has an add on its way (`remove_node` took the last one), so that the pool jobs can go
+        on; says so, or None."""
+        if not self.worker_gpus or self.cluster is None or self.gpu_workers() or self.due:
+            self._gpu_less_since = None
+            return None
+        now = time.monotonic()
+        if self._gpu_less_since is None:
+            self._gpu_less_since = now
+        if now - self._gpu_less_since < grace:
+            return None
+        self._gpu_less_since = None
+        node = self.add_worker()
+        return f"no GPU node left: added {node.node_id[:12]} so the pool jobs can go on"
 
     @property
     def manager(self) -> cr.JobsManager:
@@ -283,6 +362,10 @@ class Injected:
     until: float | None = None
     #: The operator action's outcome: "ok", or the error's name.
     answer: str | None = None
+    #: The job the fault started (`unplaceable_pool`), its steps and its start's seconds.
+    started: str | None = None
+    started_steps: int = 0
+    start_seconds: float | None = None
 
 
 def _kill_actor(world: ChaosCluster, name: str) -> Injected:
@@ -313,6 +396,137 @@ def _host_for(world: ChaosCluster, job_id: str, pick: float) -> dict[str, Any] |
             logging.getLogger(__name__).info("host %s not asked: %s", host["Name"], error)
     choice = busy or hosts
     return choice[int(pick * len(choice)) % len(choice)]
+
+
+def _remove_node(world: ChaosCluster, node: Any) -> str:
+    """Removes `node` as a machine that dies; says what it did."""
+    assert world.cluster is not None
+    # The node's Ray workers outlive its raylet for seconds and go on serving direct actor
+    # calls; a machine that dies takes them along, so they are killed with it.
+    pids = [
+        int(a["Pid"])
+        for a in world.actors()
+        if a.get("State") == "ALIVE"
+        and a.get("Address", {}).get("NodeID") == node.node_id
+        and a.get("Pid")
+    ]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    world.cluster.remove_node(node, allow_graceful=False)
+    return (
+        f"removed worker node {node.node_id[:12]}: SIGKILL to its {len(pids)} actor "
+        "processes, then its raylet and the rest killed"
+    )
+
+
+def batches_in_flight(step_log: Path, job_id: str) -> list[dict[str, Any]]:
+    """The starts of the job's pool steps that have no end yet, from the step log (recent
+    ones: a batch of a host killed earlier never ends)."""
+    started: dict[str, dict[str, Any]] = {}
+    for event in read_trace(step_log):
+        if event["event"] == "start" and str(event.get("actor", "")).startswith("pool/"):
+            started[event["run"]] = event
+        elif event["event"] == "end":
+            started.pop(event["run"], None)
+    recent = time.time() - IN_FLIGHT_SECONDS
+    return [e for e in started.values() if e["job"] == job_id and e["at"] > recent]
+
+
+def _busy(step_log: Path, job_id: str, key: str, among: Callable[[], set[str]]) -> list[str]:
+    """The `key`s (actor names, node ids) among `among()` where a batch of the job is in
+    flight, waiting up to BATCH_WAIT_SECONDS for one (the pool may have no host yet)."""
+    deadline = time.monotonic() + BATCH_WAIT_SECONDS
+    while True:
+        busy = sorted({str(e[key]) for e in batches_in_flight(step_log, job_id)} & among())
+        if busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.1)
+
+
+def _pool_hosts(world: ChaosCluster) -> dict[str, dict[str, Any]]:
+    return {a["Name"]: a for a in world.alive("pool/") if a.get("State") == "ALIVE"}
+
+
+def _kill_pool_host(world: ChaosCluster, job_id: str, pick: float, step_log: Path) -> Injected:
+    """A pool host killed while a batch of the job runs on it (else any pool host): SIGKILL of
+    its process or `ray.kill` with restart, as `pick` says."""
+    busy = _busy(step_log, job_id, "actor", lambda: set(_pool_hosts(world)))
+    alive = _pool_hosts(world)
+    choice = [name for name in busy if name in alive] or sorted(alive)
+    if not choice:
+        return Injected(False, "no pool host alive")
+    name = choice[int(pick * len(choice)) % len(choice)]
+    where = "mid-batch of the job" if name in busy else "no batch of the job in flight"
+    if int(pick * 1000) % 2:
+        return Injected(True, f"{_kill_actor(world, name).detail} ({where})")
+    pid = int(alive[name].get("Pid") or 0)
+    if pid <= 0:
+        return Injected(False, f"no pid for {name}")
+    os.kill(pid, signal.SIGKILL)
+    return Injected(True, f"SIGKILL to {name} (pid {pid}, {where})")
+
+
+def _remove_gpu_node(
+    world: ChaosCluster, job_id: str, seconds: float, pick: float, step_log: Path
+) -> Injected:
+    """A GPU worker node removed (one running a batch of the job, else any), and a new one
+    added `seconds` later so the pool jobs can finish."""
+    if not world.gpu_workers():
+        return Injected(False, "no GPU worker node")
+    busy = _busy(step_log, job_id, "node", lambda: {n.node_id for n in world.gpu_workers()})
+    gpu_nodes = {n.node_id: n for n in world.gpu_workers()}
+    choice = [n for n in busy if n in gpu_nodes] or sorted(gpu_nodes)
+    if not choice:
+        return Injected(False, "no GPU worker node")
+    node = gpu_nodes[choice[int(pick * len(choice)) % len(choice)]]
+    where = "mid-batch of the job" if node.node_id in busy else "no batch of the job in flight"
+
+    def add() -> str:
+        if world.cluster is None:
+            return "no cluster"
+        return f"added GPU node {world.add_worker().node_id[:12]}"
+
+    # Due `seconds` after the node dies: `Cluster.remove_node` itself may take 10-20 s on a
+    # busy machine, waiting for the processes it killed.
+    world.defer(seconds, "the GPU node's replacement", add)
+    detail = _remove_node(world, node)
+    return Injected(
+        True,
+        f"{detail} ({where}); a GPU node added in {seconds:.1f} s",
+        until=time.time() + max(seconds, NODE_DEATH_SECONDS),
+    )
+
+
+#: Steps of an unplaceable job: `10 + pick * UNPLACEABLE_STEPS`.
+UNPLACEABLE_STEPS = 50
+
+
+def _start_unplaceable(world: ChaosCluster, pick: float, step_log: Path) -> Injected:
+    """A job whose every step needs a resource no node has, started beside the others; the
+    harness stops it once they have settled."""
+    count = 10 + int(pick * UNPLACEABLE_STEPS)
+    request = ChaosRequest(
+        steps=[
+            ChaosStepPlan(
+                kind="unplaceable",
+                stage=0,
+                item=ChaosItem(log=str(step_log), n=n, work_ms=50.0),
+            )
+            for n in range(count)
+        ]
+    )
+    began = time.monotonic()
+    started = world.call(lambda: world.manager.start(ChaosJob, request))
+    took = round(time.monotonic() - began, 2)
+    return Injected(
+        True,
+        f"started job {started.job_id} of {count} steps of shape {UNPLACEABLE_SHAPE} "
+        f"(start answered in {took:.1f} s)",
+        started=started.job_id,
+        started_steps=count,
+        start_seconds=took,
+    )
 
 
 def _lock(world: ChaosCluster, seconds: float) -> Injected:
@@ -415,31 +629,21 @@ def inject(
         if not workers:
             return Injected(False, "only the head node is left")
         node = workers[int(pick * len(workers)) % len(workers)]
-        assert world.cluster is not None
-        # The node's Ray workers outlive its raylet for seconds and go on serving direct actor
-        # calls; a machine that dies takes them along, so they are killed with it.
-        pids = [
-            int(a["Pid"])
-            for a in world.actors()
-            if a.get("State") == "ALIVE"
-            and a.get("Address", {}).get("NodeID") == node.node_id
-            and a.get("Pid")
-        ]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        world.cluster.remove_node(node, allow_graceful=False)
         return Injected(
             True,
-            f"removed worker node {node.node_id[:12]}: SIGKILL to its {len(pids)} actor "
-            "processes, then its raylet and the rest killed",
+            _remove_node(world, node),
             # Ray declares it dead about 2 s later; until then the job may still place steps.
             until=time.time() + NODE_DEATH_SECONDS,
         )
     if kind == "add_node":
-        assert world.cluster is not None
-        node = world.cluster.add_node(num_cpus=1)
+        node = world.add_worker(gpus=False)
         return Injected(True, f"added node {node.node_id[:12]}")
+    if kind == "kill_pool_host":
+        return _kill_pool_host(world, job_id, pick, step_log)
+    if kind == "remove_gpu_node":
+        return _remove_gpu_node(world, job_id, seconds, pick, step_log)
+    if kind == "unplaceable_pool":
+        return _start_unplaceable(world, pick, step_log)
     if kind == "restart_cluster":
         world.restart()
         return Injected(True, "shut the whole cluster down and started a new one on the file")
@@ -456,7 +660,8 @@ def inject(
     if kind == "drop_deliveries":
         told = 0
         errors: list[str] = []
-        for host in world.alive("step-host/"):
+        # A pool's hosts too (a run without pools has none): they deliver outcomes the same way.
+        for host in world.alive("step-host/") + world.alive("pool/"):
             try:
                 handle = ray.get_actor(host["Name"], namespace=world.namespace)
                 ray.get(handle.drop_deliveries.remote([job_id]), timeout=10)

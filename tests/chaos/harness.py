@@ -17,6 +17,10 @@ A run keeps its jobs in an SQLite file (the storage wrapper's faults) or, with `
 "mongodb"`, in MongoDB behind the fault proxy (`tests.mongo_proxy`, its faults in place of the
 wrapper's): on `CHOREOGRAPHY_MONGODB_URI`'s server when it is set, else on an nx-27017 server
 of the run's own. A seed draws the same jobs on both, its faults from the storage's kinds.
+
+The `pool` profile's runs also have pool jobs (steps batched on hosts of one declared GPU, the
+worker nodes declaring GPUs) and the pool faults; what is particular to pools is drawn from a
+random stream of its own (`_pool_plan`), so that no other profile's seeds change.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ MONGODB_WEIGHTS = {
 ONE_SHOT_MONGODB_FAULTS = {"mongo_reset": "reset", "mongo_lost_ack": "drop_reply",
                            "mongo_half_open": "hang"}  # fmt: skip
 
+#: Seconds a pool run may have no GPU node (`remove_node` took the last one) before the harness
+#: adds one, so that its pool jobs reach the shares its later faults wait for.
+GPU_LESS_GRACE = 10.0
+
 #: The Ray namespace of every run (each run has its own cluster).
 RAY_NAMESPACE = "chaos"
 
@@ -90,6 +98,9 @@ class Profile:
     #: The SQLite provider's busy timeout in the run's cluster, which `storage_lock_refuse`
     #: holds the lock past (None: the provider's own, 30 s).
     sqlite_busy_seconds: float | None = None
+    #: The chance that a job is a pool job (one at least when above 0); its worker nodes then
+    #: declare GPUs. Drawn from a stream of its own (`_pool_plan`).
+    pool_jobs: float = 0.0
 
 
 _COMMON = {
@@ -123,6 +134,9 @@ COMBINED = {
     # The job actor dies with one of the job's step hosts.
     "kill_job_actor_and_host": ("kill_job_actor", "kill_host_sigkill"),
 }
+
+#: The pool faults' weights in the `pool` profile (faults.POOL_FAULTS).
+POOL_WEIGHTS = {"kill_pool_host": 5.0, "remove_gpu_node": 3.5, "unplaceable_pool": 3.0}
 
 PROFILES = {
     # CI: about 20-30 s a run on two cores, most of it Ray starting.
@@ -192,6 +206,21 @@ PROFILES = {
         settle_timeout=150.0,
         deadline=480,
     ),
+    # Issue 34: the tier's jobs and fault counts, pool jobs among them (GPU worker nodes), and
+    # the pool faults beside every other kind: a pool host killed mid-batch, a GPU node
+    # removed (a new one added later), a job whose pool no node can place.
+    "pool": Profile(
+        name="pool",
+        jobs=(1, 2),
+        steps=(150, 400),
+        faults=(3, 4),
+        job_seconds=(3.0, 6.0),
+        weights={**_COMMON, "storage_lock_refuse": 0.5, **POOL_WEIGHTS},
+        settle_timeout=90.0,
+        deadline=300,
+        sqlite_busy_seconds=8.0,
+        pool_jobs=0.6,
+    ),
 }
 
 
@@ -237,6 +266,8 @@ class RunPlan:
     state_api: bool = False
     #: One of `STORAGES`.
     storage: str = "sqlite"
+    #: GPUs each worker node declares (0 in a run without pool jobs).
+    worker_gpus: int = 0
 
     def options(self) -> Any:
         import choreography_ray as cr
@@ -261,6 +292,7 @@ class RunPlan:
             "profile": self.profile,
             "storage": self.storage,
             "worker_nodes": self.worker_nodes,
+            "worker_gpus": self.worker_gpus,
             "leases": self.leases,
             "state_api": self.state_api,
             "window": self.window,
@@ -274,6 +306,7 @@ class RunPlan:
                     "flaky": sum(1 for s in j.steps if s["item"]["flaky_attempts"]),
                     "dedicated": sum(1 for s in j.steps if s["kind"] == "dedicated"),
                     "sync": sum(1 for s in j.steps if s["kind"] == "sync"),
+                    "pool": sum(1 for s in j.steps if s["kind"] in ("pool", "pool2")),
                 }
                 for j in self.jobs
             ],
@@ -313,6 +346,48 @@ def _job_plan(rng: random.Random, profile: Profile, window: int | None, retryabl
                 }
             )
     return JobPlan("retryable" if retryable else "staged", steps)
+
+
+def _pool_plan(
+    seed: int, profile: Profile, window: int | None, jobs: list[JobPlan], faults: list[FaultPlan]
+) -> tuple[list[JobPlan], list[FaultPlan], int, int]:
+    """Pool jobs among `jobs`, the pool faults aimed at them, and the worker nodes and GPUs of
+    the run, drawn from a stream of their own: the run's other draws stay as they were.
+
+    A pool job has a share (half, 80 % or all) of its steps on the pool, of one concurrency (1
+    or 2 batches a host), their step time drawn so that its pool steps take 3-6 s on the run's
+    GPUs; they end `ok` or `fail`, never `raise` (a raising batch fails its neighbours)."""
+    rng = random.Random(f"pool:{seed}")
+    worker_nodes = rng.choice([1, 1, 2])
+    worker_gpus = rng.choice([1, 2, 2])
+    pooled = [i for i in range(len(jobs)) if rng.random() < profile.pool_jobs]
+    pooled = pooled or [rng.randrange(len(jobs))]
+    out = list(jobs)
+    for index in pooled:
+        job = jobs[index]
+        share = rng.choice([0.5, 0.8, 1.0])
+        kind = rng.choice(["pool", "pool2"])
+        on_pool = [n for n, s in enumerate(job.steps) if s["kind"] != "dedicated"]
+        on_pool = [n for n in on_pool if rng.random() < share]
+        concurrency = 2 if kind == "pool2" else 1
+        parallel = min(window or len(on_pool), worker_nodes * worker_gpus * concurrency * 8)
+        seconds = rng.uniform(*profile.job_seconds)
+        # A batch works as long as its longest step: about 1.4 times the average of 8.
+        average_ms = min(3000.0, max(5.0, seconds * 1000 * parallel / max(1, len(on_pool)) / 1.4))
+        steps = [dict(s, item=dict(s["item"])) for s in job.steps]
+        for n in on_pool:
+            item = steps[n]["item"]
+            steps[n]["kind"] = kind
+            item["work_ms"] = round(average_ms * rng.uniform(0.5, 1.5), 1)
+            if item["ending"] == "raise":
+                item["ending"] = "fail"
+        out[index] = JobPlan(job.job_type, steps)
+    aimed = []
+    for fault in faults:
+        if fault.kind in POOL_WEIGHTS and fault.kind != "unplaceable_pool":
+            fault = FaultPlan(fault.kind, rng.choice(pooled), fault.at, fault.seconds, fault.pick)
+        aimed.append(fault)
+    return out, aimed, worker_nodes, worker_gpus
 
 
 def fault_weights(profile: Profile, storage: str) -> dict[str, float]:
@@ -361,10 +436,14 @@ def plan_run(seed: int, profile: str = "ci", storage: str = "sqlite") -> RunPlan
     attempts = rng.choice([1, 2, 3])
     # Drawn last, so that adding it left every earlier seed's plan as it was.
     state_api = rng.random() < 0.5
+    worker_nodes, worker_gpus = 1, 0
+    if shape.pool_jobs:
+        jobs, faults, worker_nodes, worker_gpus = _pool_plan(seed, shape, window, jobs, faults)
     return RunPlan(
         seed=seed,
         profile=profile,
-        worker_nodes=1,
+        worker_gpus=worker_gpus,
+        worker_nodes=worker_nodes,
         leases=leases,
         window=window,
         attempts=attempts,
@@ -392,6 +471,10 @@ class FaultRecord:
     answer: str | None = None
     #: Seconds from the fault to every job it found running making progress again.
     progress_again_after: float | None = None
+    #: The job the fault started (`unplaceable_pool`), its steps and its start's seconds.
+    started: str | None = None
+    started_steps: int = 0
+    start_seconds: float | None = None
 
 
 @dataclass
@@ -408,6 +491,9 @@ class RunResult:
     client_ray_errors: dict[str, int] = field(default_factory=dict)
     storage_fault_hits: dict[str, int] = field(default_factory=dict)
     ray_sessions: list[str] = field(default_factory=list)
+    #: What the harness did besides the faults (a deferred GPU node added, the stop of an
+    #: unplaceable job), with the seconds after the first job started.
+    notes: list[str] = field(default_factory=list)
     run_dir: str = ""
     error: str | None = None
 
@@ -550,6 +636,7 @@ def _execute(
         namespace=RAY_NAMESPACE,
         scope=f"chaos-{plan.seed}",
         worker_nodes=plan.worker_nodes,
+        worker_gpus=plan.worker_gpus,
         dashboard=plan.state_api,
         log=log,
         sqlite_busy_seconds=PROFILES[plan.profile].sqlite_busy_seconds,
@@ -571,6 +658,14 @@ def _execute(
         follower = StepLog(step_log)
         progress: dict[str, list[tuple[float, int]]] = {j: [] for j in job_ids}
         states: dict[str, str] = {}
+        #: Per job, seconds after t0 it was first seen settled.
+        settled_at: dict[str, float] = {}
+        #: Pool hosts of an unplaceable job's shape ever seen in Ray's actor table.
+        unplaceable_hosts: set[str] = set()
+
+        def note(what: str) -> None:
+            result.notes.append(f"+{time.time() - t0:.1f}s {what}")
+            log(f"seed {plan.seed}: +{time.time() - t0:.1f}s {what}")
 
         def look() -> None:
             follower.poll()
@@ -578,6 +673,12 @@ def _execute(
                 status, done = _status(world, job_id)
                 states[job_id] = status
                 progress[job_id].append((time.time(), done))
+                if settled(job_id):
+                    settled_at.setdefault(job_id, round(time.time() - t0, 1))
+                else:
+                    settled_at.pop(job_id, None)  # a resume or retry reopened it
+            if any(f.started for f in result.faults):
+                unplaceable_hosts.update(invariants.unplaceable_hosts(world))
 
         def settled(job_id: str) -> bool:
             return states.get(job_id) in (*SETTLED, "stopped", "removed")
@@ -591,6 +692,10 @@ def _execute(
             if time.monotonic() - last_look > 0.3:
                 look()
                 last_look = time.monotonic()
+            for done in world.run_due():
+                note(done)
+            if (added := world.ensure_gpu_node(grace=GPU_LESS_GRACE)) is not None:
+                note(added)
             fault = pending[0]
             job_id = job_ids[fault.job]
             share = len(follower.ended[job_id]) / plan.jobs[fault.job].total
@@ -624,6 +729,9 @@ def _execute(
                     began=start,
                     ended=end,
                     answer=injected.answer,
+                    started=injected.started,
+                    started_steps=injected.started_steps,
+                    start_seconds=injected.start_seconds,
                 )
                 running_at.append(running)
                 result.faults.append(record)
@@ -631,6 +739,12 @@ def _execute(
             else:
                 time.sleep(0.05)
 
+        # A GPU node a fault removed comes back (or one is added when none is left), so that the
+        # pool jobs can finish.
+        for done in world.run_due(wait=True):
+            note(done)
+        if (added := world.ensure_gpu_node()) is not None:
+            note(added)
         # Every job settles within the bound; a stop is final only if one was the last word.
         expectations = invariants.expectations(result.faults, job_ids)
         for job_id, expectation in expectations.items():
@@ -643,13 +757,21 @@ def _execute(
             if not waiting or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
+        beside = [f"{f.started} since +{f.at:.1f}s" for f in result.faults if f.started]
         for job_id in waiting:
             result.violate(
                 "not_settled",
                 job_id,
                 f"still {states[job_id]} {shape.settle_timeout:.0f} s after the last fault "
-                f"(expected {expectations[job_id].describe()})",
+                f"(expected {expectations[job_id].describe()})"
+                + (f"; an unplaceable job ran beside it: {', '.join(beside)}" if beside else ""),
             )
+        # Only now, every other job settled (or late), is an unplaceable job stopped.
+        stops = [
+            _stop_unplaceable(world, record, result.faults, note)
+            for record in result.faults
+            if record.started
+        ]
         for record, running in zip(result.faults, running_at, strict=True):
             if record.injected and not record.kind.startswith("op_"):
                 record.progress_again_after = invariants.progress_again(
@@ -658,8 +780,17 @@ def _execute(
         if proxy is not None:
             proxy.heal()  # the checks read storage: a fault not fired yet is not theirs
         invariants.check(world, plan, result, job_ids, states, expectations, step_log, run_dir)
+        for record, stop in zip([f for f in result.faults if f.started], stops, strict=True):
+            invariants.check_unplaceable(world, result, record, stop, step_log, unplaceable_hosts)
+        if plan.worker_gpus:
+            invariants.check_pool_hosts(world, result)
         result.jobs = [
-            {"job": j, "status": states[j], "steps": plan.jobs[i].total}
+            {
+                "job": j,
+                "status": states[j],
+                "steps": plan.jobs[i].total,
+                "settled_at": settled_at.get(j),
+            }
             for i, j in enumerate(job_ids)
         ]
     except Exception:
@@ -687,6 +818,50 @@ def _execute(
             log(f"seed {plan.seed}: cluster shutdown failed: {traceback.format_exc()}")
         result.seconds = round(time.time() - began, 1)
     return result
+
+
+#: Seconds the stop of an unplaceable job has to answer, and then to be final.
+UNPLACEABLE_STOP_SECONDS = 30.0
+
+
+def _stop_unplaceable(
+    world: Any, record: FaultRecord, faults: list[FaultRecord], note: Any
+) -> dict[str, Any]:
+    """Stops the unplaceable job `record` started and waits for the stop to be final; what it
+    saw: the stop's answer and seconds (of its last call), the job's last status and when it
+    was final. The stop is the operator's, not a fault: it waits for the lasting faults to end,
+    and a stop storage refused (`COULD_NOT_PERSIST_STOP`, `UNKNOWN`) is asked again."""
+    import choreography_ray as cr
+
+    assert record.started is not None
+    job_id = record.started
+    time.sleep(max(0.0, max(f.ended for f in faults) + 0.5 - time.time()))
+    began = time.monotonic()
+    refused = (cr.StopJobError.COULD_NOT_PERSIST_STOP, cr.StopJobError.UNKNOWN)
+    while True:
+        call = time.monotonic()
+        try:
+            answer = repr(world.call(lambda: world.manager.stop(job_id)))
+        except cr.JobOperationError as error:
+            answer = f"raised {error.error!r}"
+            if error.error in refused and call - began < UNPLACEABLE_STOP_SECONDS:
+                note(f"the stop of the unplaceable job {job_id} {answer}: asked again")
+                time.sleep(1.0)
+                continue
+        except Exception as error:
+            answer = f"raised {type(error).__name__}: {error}"
+        break
+    stop_seconds = round(time.monotonic() - call, 2)
+    status = ""
+    while time.monotonic() - call < stop_seconds + UNPLACEABLE_STOP_SECONDS:
+        status, _ = _status(world, job_id)
+        if status in ("stopped", "removed", *SETTLED):
+            break
+        time.sleep(0.3)
+    final = round(time.monotonic() - call, 2)
+    note(f"stopped the unplaceable job {job_id}: {answer} in {stop_seconds} s, {status} "
+         f"after {final} s")  # fmt: skip
+    return {"answer": answer, "stop_seconds": stop_seconds, "status": status, "final": final}
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,14 @@
    a fault that can lose a step or a write (`faults.LOSSY`); such re-runs are counted;
 5. `on_completed` ran at most once per completion (a successful retry-failed reopens the job);
 6. nothing is left behind: after a remove no job record, steps, counted records or actors;
-   after a job settles, no job actor and no dedicated step actor.
+   after a job settles, no job actor and no dedicated step actor;
+7. a job whose pool no node can place (`unplaceable_pool`) holds up nothing: every other job
+   settled within the bound beside it (1.), its start and its stop each answered within
+   `UNPLACEABLE_BOUND`, it ended STOPPED with every step counted stopped (stored STOPPED, or
+   SCHEDULED as a step that never started), none of its steps ran, and no pool host of its
+   shape ever existed (a storage fault at its start may fail it first, FAILED with no plan:
+   the harness's stop then finds it not running);
+8. in a run with pools, no pool host is left that Ray has not placed.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.faults import LOSSY, ChaosCluster
+from tests.chaos.faults import LOSSY, MONGODB_FAULTS, STORAGE_FAULTS, ChaosCluster
+from tests.chaos.jobs import UNPLACEABLE_SHAPE
 from tests.support import in_storage, read_trace
 
 #: Seconds after a step's perform ended within which its outcome may still be unwritten (the
@@ -33,6 +41,13 @@ WRITE_GRACE = 3.0
 
 #: Seconds a removal, or an actor's exit after its job settled, may take.
 CLEANUP_TIMEOUT = 30.0
+
+#: Seconds the start of an unplaceable job, and its stop, may take to answer (the defect of
+#: issue 34: neither answered until a node that fits joined).
+UNPLACEABLE_BOUND = 30.0
+
+#: Ray's states of an actor that is placed, or gone.
+PLACED_OR_GONE = ("ALIVE", "DEAD")
 
 TERMINAL = ("CompletedSuccessfully", "CompletedWithFailures", "Failed")
 FAILED_STATUSES = ("CompletedWithFailure", "Failed")
@@ -378,3 +393,101 @@ def check(
         check_progress(result, job_id, total, state, records, terminal)
         check_steps(result, job_id, total, state, records, runs, terminal)
         check_left_behind(world, result, job_id, removed=False)
+
+
+# -- pools ------------------------------------------------------------------------------------
+
+
+def unplaceable_hosts(world: ChaosCluster) -> set[str]:
+    """The pool hosts of the unplaceable shape in Ray's actor table, in any state (the table
+    keeps dead actors); none while the cluster restarts."""
+    prefix = f"pool/{UNPLACEABLE_SHAPE}/"
+    try:
+        return {str(a["Name"]) for a in world.actors() if str(a.get("Name", "")).startswith(prefix)}
+    except Exception:
+        return set()
+
+
+def check_unplaceable(
+    world: ChaosCluster,
+    result: Any,
+    record: Any,
+    stop: dict[str, Any],
+    step_log: Path,
+    seen_hosts: set[str],
+) -> None:
+    """The unplaceable job `record` started, stopped by the harness (`stop`): see 7. above."""
+    job_id, total = record.started, record.started_steps
+    if record.start_seconds is not None and record.start_seconds > UNPLACEABLE_BOUND:
+        result.violate(
+            "unplaceable_slow", job_id, f"its start answered after {record.start_seconds} s"
+        )
+    if stop["stop_seconds"] > UNPLACEABLE_BOUND:
+        took = stop["stop_seconds"]
+        result.violate("unplaceable_slow", job_id, f"its stop answered after {took} s")
+    ran = [e for e in read_trace(step_log) if e["job"] == job_id]
+    if ran:
+        result.violate(
+            "unplaceable_ran",
+            job_id,
+            f"{len(ran)} step log events of its steps, the first {ran[0]}",
+        )
+    hosts = seen_hosts | unplaceable_hosts(world)
+    if hosts:
+        result.violate("unplaceable_host", job_id, f"pool hosts of its shape: {sorted(hosts)}")
+    if stop["status"] == "Failed" and _failed_unplanned(world, result, record):
+        result.notes.append(f"the unplaceable job {job_id} failed to store its plan (a storage "
+                            "fault at its start): it never ran")  # fmt: skip
+        return
+    if stop["status"] != "stopped":
+        result.violate(
+            "unplaceable_not_stopped",
+            job_id,
+            f"{stop['status'] or 'unknown'} {stop['final']} s after the harness's stop "
+            f"(which answered {stop['answer']} in {stop['stop_seconds']} s)",
+        )
+        return
+    state = world.call(functools.partial(world.manager.get, job_id))
+    steps = world.call(functools.partial(world.manager.steps, job_id))
+    records = {s.step_id: s for s in steps}
+    p = state.progress
+    stored = Counter(r.status.value for r in records.values())
+    # A step that never started stays stored SCHEDULED in a stopped job, counted stopped.
+    if p.stopped_steps != total or stored["Stopped"] + stored["Scheduled"] != total:
+        result.violate(
+            "unplaceable_not_stopped",
+            job_id,
+            f"not every one of its {total} steps counted stopped, stored stopped or never "
+            f"started: progress {p.model_dump()}, stored {dict(stored)}",
+        )
+    check_progress(result, job_id, total, state, records, terminal=False)
+    check_left_behind(world, result, job_id, removed=False)
+
+
+def check_pool_hosts(world: ChaosCluster, result: Any) -> None:
+    """No pool host is left that Ray has not placed (pending, or restarting for good)."""
+
+    def unplaced() -> list[str]:
+        return sorted(
+            f"{a['Name']} ({a.get('State')})"
+            for a in world.actors()
+            if str(a.get("Name", "")).startswith("pool/") and a.get("State") not in PLACED_OR_GONE
+        )
+
+    left = _eventually(unplaced, CLEANUP_TIMEOUT)
+    if left:
+        result.violate("pool_host_unplaced", "", f"pool hosts not placed at the end: {left}")
+
+
+def _failed_unplanned(world: ChaosCluster, result: Any, record: Any) -> bool:
+    """The unplaceable job `record` started failed while it stored its plan (it holds none), a
+    storage fault on at its start: a job that never began, not one a stop left unfinished."""
+    state = world.call(functools.partial(world.manager.get, record.started))
+    at_start = any(
+        f.injected
+        and f.kind in (*STORAGE_FAULTS, *MONGODB_FAULTS)
+        and f.began <= record.ended + WRITE_GRACE
+        and f.ended >= record.began
+        for f in result.faults
+    )
+    return at_start and not state.has_plan and state.progress.total_steps == 0

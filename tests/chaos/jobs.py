@@ -7,6 +7,12 @@ of the run directory named by `CHAOS_RUN_DIR`, which every process of a run's cl
 
 A step's outcome is a function of (step, attempt) only, so a step run twice at one attempt ends
 the same way and the harness can tell which outcome the job must have counted.
+
+Pool steps (`PoolChaosStep`, docs/pools.md) run in batches on hosts of one declared GPU each; every
+step of a batch logs its own start and end (with the host's actor name and the batch's id). A
+batch that raised would fail its neighbours too, making a step's outcome depend on its batch, so
+pool steps are drawn without `raise` endings (`harness.plan_run`). `UnplaceableChaosStep` needs a
+resource no node of a run has: it must never run.
 """
 
 from __future__ import annotations
@@ -122,16 +128,89 @@ class DedicatedChaosStep(ChaosStep):
     actor_options = {"num_cpus": 0}
 
 
+#: The shape of the pool the chaos pool steps run on, as pool host names spell it.
+POOL_SHAPE = "num_gpus=1"
+#: Steps one batch of a chaos pool step gets at most.
+POOL_BATCH_SIZE = 8
+
+
+class PoolChaosStep(cr.JobStep[ChaosItem]):
+    """Batches of up to 8 steps on a host of one declared GPU, one batch at a time a host. A
+    batch works as long as its longest step (a GPU batch costs its largest item); a stop ends it
+    at once, every step of it logged `stopped` (counted stopped)."""
+
+    resources = {"num_gpus": 1}
+    batch_size = POOL_BATCH_SIZE
+    batch_wait = 0.02
+
+    async def perform_batch(
+        self, requests: list[ChaosItem], context: cr.BatchContext
+    ) -> list[cr.StepResult]:
+        steps = list(zip(requests, context.steps, strict=True))
+        if any(planned_ending(r, c.attempt) == "raise" for r, c in steps):
+            # A plan error: the step log then shows no end of these stored FAILED steps.
+            raise ValueError("a chaos pool step drawn to raise: a batch cannot raise for one")
+        batch = uuid.uuid4().hex[:12]
+        actor = _actor()
+        runs = [(r, c, uuid.uuid4().hex[:12]) for r, c in steps]
+        for request, step, run in runs:
+            _event(request, step, "start", run, batch=batch, actor=actor, size=len(requests))
+        try:
+            await asyncio.wait_for(context.cancelled(), max(r.work_ms for r in requests) / 1000)
+        except TimeoutError:
+            return [_batch_result(request, step, run) for request, step, run in runs]
+        for request, step, run in runs:
+            _event(request, step, "end", run, result="stopped")
+        raise RuntimeError(f"chaos batch {batch} stopped")
+
+
+class PoolChaosStep2(PoolChaosStep):
+    """The same on the same pool, two batches at a time a host."""
+
+    concurrency = 2
+
+
+class UnplaceableChaosStep(PoolChaosStep):
+    """Needs a resource no node of a chaos run has: Ray can place no host of its pool, so its
+    steps wait in their job until it is stopped. Were one to run, the step log would say so."""
+
+    resources = {"num_gpus": 1, "widget": 1}
+
+
+#: The shape of `UnplaceableChaosStep`'s pool, as pool host names spell it.
+UNPLACEABLE_SHAPE = "num_gpus=1,widget=1"
+
+
+def _actor() -> str:
+    try:
+        return ray.get_runtime_context().get_actor_name() or ""
+    except Exception:  # outside Ray
+        return ""
+
+
+def _batch_result(item: ChaosItem, context: cr.StepContext, run: str) -> cr.StepResult:
+    ending = planned_ending(item, context.attempt)
+    _event(item, context, "end", run, result=ending)
+    if ending == "fail":
+        return cr.StepResult.failed(f"chaos step {item.n} fails at attempt {context.attempt}")
+    return cr.StepResult.succeeded()
+
+
 #: Step types by the name a plan gives them.
 STEP_TYPES: dict[str, type[cr.JobStep[ChaosItem]]] = {
     "async": ChaosStep,
     "sync": SyncChaosStep,
     "dedicated": DedicatedChaosStep,
+    "pool": PoolChaosStep,
+    "pool2": PoolChaosStep2,
+    "unplaceable": UnplaceableChaosStep,
 }
+#: The kinds of step that run on a pool.
+POOL_KINDS = ("pool", "pool2", "unplaceable")
 
 
 class ChaosStepPlan(BaseModel):
-    kind: Literal["async", "sync", "dedicated"]
+    kind: Literal["async", "sync", "dedicated", "pool", "pool2", "unplaceable"]
     stage: int
     item: ChaosItem
 

@@ -5,13 +5,16 @@ soak is `choreography-ray chaos` (docs/chaos.md).
 The default test tier runs `DEFAULT`: five seeds of the tier profile that draw every fault kind
 of SQLite between them, and one of the proxy profile, on MongoDB behind the fault proxy, that
 draws each of the proxy's faults. Every other seed below is in the slow tier
-(`python -m pytest -m slow`); `CHAOS_FULL=1` runs them all in one tier, as
-`CHAOS_FULL=1 python -m pytest tests/chaos`."""
+(`python -m pytest -m slow`), the pool profile's among them (pool jobs on GPU worker nodes, and
+the pool faults: the default tier has no minute left for them); `CHAOS_FULL=1` runs them all in
+one tier, as `CHAOS_FULL=1 python -m pytest tests/chaos`."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,7 +22,7 @@ import pytest
 
 import choreography_ray as cr
 from tests.chaos import invariants
-from tests.chaos.faults import KINDS, MONGODB_FAULTS
+from tests.chaos.faults import KINDS, MONGODB_FAULTS, POOL_FAULTS
 from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_seed
 
 #: Seconds one seed may take: the run's own deadline, and its cluster's shutdown. One xdist
@@ -101,6 +104,15 @@ DEFAULT = {
 }
 
 
+#: Seeds of the pool profile (issue 34), with the faults each draws: every pool fault between
+#: them. Slow tier.
+POOL_SEEDS = {
+    5: "unplaceable_pool, duplicate_delivery, kill_pool_host",
+    15: "kill_pool_host, drop_deliveries, remove_gpu_node",
+    51: "unplaceable_pool, remove_gpu_node, op_double_resume",
+}
+
+
 #: Seeds of the tier profile on MongoDB behind the fault proxy, with the faults each draws:
 #: every proxy fault between them, beside the other kinds (issue 27).
 MONGODB_SEEDS = {
@@ -153,6 +165,29 @@ def test_default__draws_every_fault_kind_and_says_which() -> None:
     assert set(MONGODB_FAULTS) <= on_mongodb
 
 
+def test_pool_seeds__draw_every_pool_fault_and_pool_jobs_only_in_the_pool_profile() -> None:
+    drawn: set[str] = set()
+    for seed, said in POOL_SEEDS.items():
+        plan = plan_run(seed, "pool")
+        kinds = {f.kind for f in plan.faults}
+        assert kinds == set(said.split(", ")), (seed, kinds)
+        drawn |= kinds
+        assert plan.worker_gpus > 0
+        pooled = [s for j in plan.jobs for s in j.steps if s["kind"] in ("pool", "pool2")]
+        assert pooled and all(s["item"]["ending"] != "raise" for s in pooled)
+    assert drawn >= set(POOL_FAULTS)
+    for profile in set(PROFILES) - {"pool"}:
+        for seed in (1, 2, 3):
+            plan = plan_run(seed, profile, storage_of(profile))
+            assert plan.worker_gpus == 0 and plan.worker_nodes == 1
+            assert not {f.kind for f in plan.faults} & set(POOL_FAULTS)
+            assert not [s for j in plan.jobs for s in j.steps if s["kind"] not in STEP_KINDS]
+
+
+#: The step kinds of every profile but `pool`.
+STEP_KINDS = ("async", "sync", "dedicated")
+
+
 def test_plan__the_same_seed_draws_the_same_plan_and_schedule() -> None:
     assert plan_run(42).summary() == plan_run(42).summary()
     assert plan_run(42).jobs == plan_run(42).jobs
@@ -174,6 +209,11 @@ def test_chaos_proxy_seed__every_invariant_holds(seed: int) -> None:
 @pytest.mark.parametrize("seed", seeds("tier", MONGODB_SEEDS))
 def test_chaos_mongodb_seed__every_invariant_holds(seed: int) -> None:
     run_checked(seed, "tier", "mongodb")
+
+
+@pytest.mark.parametrize("seed", seeds("pool", POOL_SEEDS))
+def test_chaos_pool_seed__every_invariant_holds(seed: int) -> None:
+    run_checked(seed, "pool")
 
 
 @pytest.mark.parametrize("seed", seeds("ci", CI_SEEDS))
@@ -241,6 +281,25 @@ def test_checker__a_remove_answered_unknown_is_removal_unless_it_never_stored_re
     assert invariants.untouched_by_remove(state(cr.JobStatus.RUNNING, completed))
     assert not invariants.untouched_by_remove(state(completed, cr.JobStatus.REMOVING, completed))
     assert not invariants.untouched_by_remove(None)  # gone: removed
+
+
+def test_checker__an_unplaceable_job_that_ran_had_a_host_or_is_not_stopped_is_a_violation(
+    tmp_path: Path,
+) -> None:
+    step_log = tmp_path / "steps.jsonl"
+    step_log.write_text(json.dumps({"event": "start", "job": "u", "run": "r"}) + "\n")
+    host = {"Name": "pool/num_gpus=1,widget=1/pending/0", "State": "PENDING_CREATION"}
+    world = SimpleNamespace(actors=lambda: [host])
+    record = SimpleNamespace(started="u", started_steps=3, start_seconds=0.2)
+    stop = {"answer": "None", "stop_seconds": 45.0, "status": "stopping", "final": 75.0}
+    result = RunResult(seed=1, profile="pool", plan={})
+    invariants.check_unplaceable(world, result, record, stop, step_log, set())  # type: ignore[arg-type]
+    assert [v["kind"] for v in result.violations] == [
+        "unplaceable_slow",
+        "unplaceable_ran",
+        "unplaceable_host",
+        "unplaceable_not_stopped",
+    ]
 
 
 #: Soak seeds that still fail now and then on a defect an open issue names: they run, and a
