@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,7 +140,7 @@ def test_pools_autoscaling__gpu_nodes_join_for_the_backlog_and_leave_once_it_is_
     with autoscaling_cluster(
         max_workers=2, worker={"CPU": 1, "GPU": 1}, idle_timeout_minutes=0.1
     ) as head:
-        result = run_driver(
+        result: dict[str, Any] = run_driver(
             SCENARIO, head.driver_env, head.address, storage, str(log), scope, timeout=420
         )
     print(
