@@ -50,8 +50,8 @@ class JobsOptions(BaseModel):
     step_hosts_per_node: int | None = None
     #: Steps one step host runs at once.
     step_host_capacity: int = Field(default=4096, ge=1)
-    #: A step host (a pool's, or a shared one) that has run nothing for this long leaves,
-    #: giving its resources back (an autoscaler may then remove its node); None: hosts stay.
+    #: A pool's host (`JobStep.resources`) that has run nothing for this long leaves, giving
+    #: its resources back (an autoscaler may then remove its node); None: hosts stay.
     pool_idle_timeout: Duration | None = timedelta(seconds=60)
     #: Steps in one start RPC from a job to a step host.
     step_batch_size: int = Field(default=1024, ge=1)

@@ -80,15 +80,14 @@ class RayHosts:
             del self.handles[name]
 
     def _shared_host(self, name: str) -> str:
-        """The shared host `name`, created (or found) on its node when it has no handle yet. It
-        leaves once idle for `pool_idle_timeout`, as a pool's host does, so that an autoscaler
-        can remove a node no step needs."""
+        """The shared host `name`, created (or found) on its node when it has no handle yet:
+        a node that no plain step was placed on has none (a live actor keeps a node from an
+        autoscaler's scale-down, even one reserving nothing)."""
         if name not in self.handles:
             strategy = NodeAffinitySchedulingStrategy(self._shared[name], soft=False)
-            idle = self._options.pool_idle_timeout
             self.handles[name] = StepHost.options(  # type: ignore[attr-defined]
                 **actor_options(name, self._namespace, scheduling_strategy=strategy)
-            ).remote(*self._args, None if idle is None else idle.total_seconds())
+            ).remote(*self._args)
         return name
 
     def place(
