@@ -263,9 +263,15 @@ class PoolRules:
 
 
 def _wider(a: PoolDemand, b: PoolDemand) -> PoolDemand:
+    """Two jobs' demands of one shape: the widest bounds, the smaller credit, and the shorter
+    idle timeout (None: hosts stay)."""
     high = None if a.max_hosts is None or b.max_hosts is None else max(a.max_hosts, b.max_hosts)
+    idle = [t for t in (a.idle_timeout, b.idle_timeout) if t is not None]
     return a._replace(
-        min_hosts=max(a.min_hosts, b.min_hosts), max_hosts=high, credit=min(a.credit, b.credit)
+        min_hosts=max(a.min_hosts, b.min_hosts),
+        max_hosts=high,
+        credit=min(a.credit, b.credit),
+        idle_timeout=min(idle, default=None),
     )
 
 

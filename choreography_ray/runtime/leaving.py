@@ -61,6 +61,8 @@ class Leaving:
         self._end = end
         #: A pool's host that was idle long enough: it takes no more steps, and leaves.
         self.leaving = False
+        #: Whether the host has held anything yet (`StepHostCore._hold` says so).
+        self.used = False
 
     def if_idle(self) -> bool:
         """When the host holds nothing: refuses starts from now on, ends the host once this
@@ -89,8 +91,10 @@ class Leaving:
         idle_since: float | None = time.monotonic() + max(0.0, UNUSED_SECONDS - idle_seconds)
         while True:
             await asyncio.sleep(max(idle_seconds / 4, 0.05))
-            if self._holds:
-                idle_since = None
+            if self._holds or self.used:
+                # Idle from now: a step held and done between two looks counts as used.
+                idle_since = None if self._holds else time.monotonic()
+                self.used = False
             elif idle_since is None:
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= idle_seconds:

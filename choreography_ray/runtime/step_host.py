@@ -384,6 +384,7 @@ class StepHostCore:
 
     def _hold(self, job_id: str, n: int = 1) -> None:
         self.holds[job_id] += n
+        self.leave.used = True
 
     def _release(self, job_id: str, n: int = 1) -> None:
         self.holds[job_id] -= n

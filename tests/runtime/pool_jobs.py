@@ -71,6 +71,7 @@ class CalledStep(cr.JobStep[Doc]):
     pool hosts runs 4 at once. Each records when it ran."""
 
     resources = {"num_gpus": 1}
+    min_hosts = 2  # however few its steps, both GPUs' hosts
     concurrency = 4
     max_concurrent: ClassVar[int | None] = 3
 
