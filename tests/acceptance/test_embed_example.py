@@ -33,5 +33,7 @@ def test_embed_example__embeds_every_document_on_a_gpu_pool(tmp_path: Path) -> N
     lines = done.stdout.splitlines()
     assert "job CompletedSuccessfully: 500 documents embedded" in lines, explain
     assert any(line.startswith("500 vectors of 32 dimensions in ") for line in lines), explain
-    assert "pools: num_gpus=1 (2 hosts)" in lines, explain
+    # As many hosts as the backlog wants (one or both GPUs).
+    assert any(line in ("pools: num_gpus=1 (1 hosts)", "pools: num_gpus=1 (2 hosts)")
+               for line in lines), explain  # fmt: skip
     assert "traceback" not in (done.stdout + done.stderr).lower(), explain

@@ -55,7 +55,7 @@ class PooledWorker(Worker):
 
 
 #: The shape of `PooledWorker`'s pool.
-POOL_SHAPE = "num_cpus=0"
+POOL_SHAPE = "none"  # {"num_cpus": 0}: zero amounts are dropped from a shape
 
 
 class MetricsRequest(BaseModel):
