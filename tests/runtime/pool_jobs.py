@@ -16,7 +16,7 @@ import ray
 from pydantic import BaseModel
 
 import choreography_ray as cr
-from tests.support import trace
+from tests.support import read_trace, trace
 
 
 class Doc(BaseModel):
@@ -153,11 +153,23 @@ STEP_TYPES = {
 
 
 class PauseStep(cr.JobStep[Doc]):
-    """A step of the shared hosts that takes 3 s: the pool's hosts are idle meanwhile."""
+    """A step of the shared hosts that ends once every process that ran a batch of stage 0 has
+    ended (at most 60 s): the pool's hosts are idle meanwhile, and leave."""
 
     async def perform(self, request: Doc, context: cr.StepContext) -> cr.StepResult:
-        await asyncio.sleep(3.0)
+        pids = {e["pid"] for e in read_trace(request.log) if e.get("event") == "batch"}
+        deadline = time.monotonic() + 60.0
+        while any(map(alive, pids)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
         return cr.StepResult.succeeded()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class EmbedRequest(BaseModel):
@@ -165,7 +177,7 @@ class EmbedRequest(BaseModel):
     log: str
     step_type: str = "embed"
     wait_for_stop: bool = False
-    #: Stage 0 and stage 2 embed `count` documents each, with a 3 s pause between them.
+    #: Stage 0 and stage 2 embed `count` documents each; stage 1 waits for stage 0's hosts to end.
     paused: bool = False
 
 

@@ -207,7 +207,7 @@ def max_overlap(calls: list[dict[str, float]]) -> int:
     return peak
 
 
-@pytest.mark.slow  # a 3 s pause and new hosts: about 15 s
+@pytest.mark.slow  # stage 0's hosts leaving, and new ones: about 15 s
 def test_pool__idle_hosts_leave_and_the_next_stage_brings_new_ones(connect, scope, tmp_path):
     manager = connect(pool_idle_timeout=1.0).manager(scope, "pools")
     log = tmp_path / "batches.log"
@@ -221,7 +221,7 @@ def test_pool__idle_hosts_leave_and_the_next_stage_brings_new_ones(connect, scop
     batches = [event for event in read_trace(log) if event["event"] == "batch"]
     first = {b["pid"] for b in batches if b["ns"][0] < 1000}
     last = {b["pid"] for b in batches if b["ns"][0] >= 2000}
-    # The hosts of stage 0 left during the 3 s pause; stage 2 ran on new ones.
+    # The hosts of stage 0 left while stage 1 waited for them to end; stage 2 ran on new ones.
     assert first and last and not first & last
     eventually(lambda: not pool_actors(), timeout=30, what="the pool's hosts leaving")
 
