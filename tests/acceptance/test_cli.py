@@ -451,7 +451,13 @@ WITHOUT_THE_TOKEN = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", list(WITHOUT_THE_TOKEN))
+@pytest.mark.parametrize(
+    "case",  # 6 s each: the first in the default tier, the others in the slow tier
+    [
+        pytest.param(c, marks=() if i == 0 else pytest.mark.slow)
+        for i, c in enumerate(WITHOUT_THE_TOKEN)
+    ],
+)
 @pytest.mark.timeout(SUBMIT_TEST_SECONDS)
 def test_ray_job_submit__without_the_token_fails_clearly_and_nothing_runs(
     case: str, ray_head: RayHead, tmp_path: Path, storage_url: str

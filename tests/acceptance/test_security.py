@@ -65,6 +65,7 @@ def run(args: list[str], ray_tmp: Path) -> subprocess.CompletedProcess[str]:
                           timeout=RUN_SECONDS, check=False)  # fmt: skip
 
 
+@pytest.mark.slow  # a CLI run on a Ray of its own, its logs read (25 s)
 @pytest.mark.timeout(RUN_SECONDS + 30)
 def test_cli_run__password_of_the_storage_url_in_no_output_and_no_ray_log(
     ray_tmp: Path, tmp_path: Path
@@ -85,7 +86,7 @@ def test_cli_run__password_of_the_storage_url_in_no_output_and_no_ray_log(
     assert found == []
 
 
-@pytest.mark.slow  # a Ray of its own, its logs read (20 s); the CLI case is in the default tier
+@pytest.mark.slow  # a Ray of its own, its logs read (20 s)
 @pytest.mark.timeout(RUN_SECONDS + 30)
 def test_api_connect__password_of_the_storage_url_in_no_output_and_no_ray_log(
     ray_tmp: Path,

@@ -158,8 +158,9 @@ class PauseStep(cr.JobStep[Doc]):
 
     async def perform(self, request: Doc, context: cr.StepContext) -> cr.StepResult:
         pids = {e["pid"] for e in read_trace(request.log) if e.get("event") == "batch"}
-        deadline = time.monotonic() + 60.0
-        while any(map(alive, pids)) and time.monotonic() < deadline:
+        for _ in range(300):  # polls other processes for up to 60 s: no event to wait on
+            if not any(map(alive, pids)):
+                break
             await asyncio.sleep(0.2)
         return cr.StepResult.succeeded()
 

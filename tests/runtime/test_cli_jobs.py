@@ -91,6 +91,7 @@ def test_stop_resume_remove__one_job_through_its_manager(
     refused(cli("jobs", "stop", "x", *named, *other), 2, "give its --storage")
 
 
+@pytest.mark.slow  # five CLI subprocesses (17 s); stop, resume and remove run in the default tier
 def test_retry_failed_bulk_remove_and_rehydrate(
     connect: Any, scope: str, storage_url: str, address: str
 ) -> None:

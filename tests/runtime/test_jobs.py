@@ -407,14 +407,25 @@ def test_admission_refused__job_waits_and_stage_runs_once_admitted(
 @pytest.mark.parametrize(
     ("job_type", "options", "window"),
     [
-        (PlanJob, {"max_active_steps_per_job": 3}, 3),
-        (WindowOfTwoJob, {}, 2),
-        (WindowOfTwoJob, {"max_active_steps_per_job": 5}, 2),
-        (PlanJob, {"max_active_steps_per_job": 0}, 1),
-        (PlanJob, {"max_active_steps_per_job": -4}, 1),
-        (WindowOfZeroJob, {}, 1),
+        # Each case starts a job on Ray (5 s): the two that cover the others run in the default
+        # tier, the rest in the slow tier.
+        pytest.param(
+            PlanJob, {"max_active_steps_per_job": 3}, 3, id="option-3", marks=pytest.mark.slow
+        ),
+        pytest.param(WindowOfTwoJob, {}, 2, id="class-2", marks=pytest.mark.slow),
+        pytest.param(
+            WindowOfTwoJob, {"max_active_steps_per_job": 5}, 2, id="class-2-over-option-5"
+        ),
+        pytest.param(PlanJob, {"max_active_steps_per_job": 0}, 1, id="option-0"),
+        pytest.param(
+            PlanJob,
+            {"max_active_steps_per_job": -4},
+            1,
+            id="option-negative",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(WindowOfZeroJob, {}, 1, id="class-0", marks=pytest.mark.slow),
     ],
-    ids=["option-3", "class-2", "class-2-over-option-5", "option-0", "option-negative", "class-0"],
 )
 def test_window__never_more_than_n_steps_running(
     connect, scope, files, job_type: type[PlanJob], options: dict[str, Any], window: int

@@ -1082,7 +1082,14 @@ def test_watchdog__asks_admission_again(connect: Any, scope: str) -> None:
     assert progress(state)["successful"] == 2
 
 
-@pytest.mark.parametrize("interval", [0, -5, math.inf], ids=["zero", "negative", "infinite"])
+@pytest.mark.parametrize(
+    "interval",  # 5 s each on Ray: zero in the default tier, the others in the slow tier
+    [
+        pytest.param(0, id="zero"),
+        pytest.param(-5, id="negative", marks=pytest.mark.slow),
+        pytest.param(math.inf, id="infinite", marks=pytest.mark.slow),
+    ],
+)
 def test_watchdog__zero_negative_or_infinite_interval_turns_it_off(
     connect: Any, scope: str, interval: float
 ) -> None:

@@ -110,6 +110,7 @@ def widget_bundles() -> list[dict[str, float]]:
     return [b for b in requested_bundles() if "widget" in b]
 
 
+@pytest.mark.slow  # waits for both GPUs free, then a host (17 s)
 def test_a_gpu_held_by_another_actor_leaves_one_host_that_runs_every_step(
     connect, scope, free_gpus: None, tmp_path: Path
 ):
@@ -137,6 +138,7 @@ def test_a_gpu_held_by_another_actor_leaves_one_host_that_runs_every_step(
         ray.kill(holder)
 
 
+@pytest.mark.slow  # waits for both GPUs free (10 s)
 def test_two_shapes_over_the_same_gpus_never_make_more_hosts_than_gpus(
     connect, scope, free_gpus: None, tmp_path: Path
 ):

@@ -434,6 +434,7 @@ def test_drain_reloads_each_job_before_dispatch_and_leaves_a_finished_one_alone(
 # -- actors lost inside a live cluster ------------------------------------------------------------
 
 
+@pytest.mark.slow  # a manager killed mid-drain and back (20 s); the drain's rules: default tier
 @pytest.mark.timeout(120)
 def test_killed_manager_comes_back_and_continues_its_drain(
     connect,

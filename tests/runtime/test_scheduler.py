@@ -195,6 +195,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # CLI subprocesses beside a running scheduler (12 s)
 def test_cli__acknowledge_through_the_running_scheduler_and_read_it_back(
     sched: cr.Scheduler, storage_url: str, scope: str
 ) -> None:
