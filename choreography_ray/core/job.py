@@ -304,11 +304,13 @@ class JobCore:
 
         async def gone() -> None:
             async with self.turns.turn(f"host {host} gone"):
-                if self.incarnations.get(host) != incarnation:
-                    return  # a later incarnation answered since: its answer handled the loss
+                if host not in self.incarnations or self.incarnations[host] != incarnation:
+                    # Handled already, or a later incarnation answered since: its answer
+                    # handled the loss.
+                    return
                 await host_watch.host_lost(self, host)
                 del self.incarnations[host]
-                await self.hosts.refresh()
+                await self.refresh_hosts()
 
         async def watch() -> None:
             await host_watch.until_gone(self, host, incarnation)

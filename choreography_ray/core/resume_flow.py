@@ -39,9 +39,14 @@ log = get_logger(__name__)
 
 
 async def recover(a: JobCore) -> None:
-    """What rehydration does to this job: resume it, or finish its stop; never both."""
+    """What rehydration does to this job: resume it, or finish its stop; never both. A removed
+    job has nothing left to recover; a stop whose `on_stopped` ran here owes only its save."""
     action = resuming.recover_action(a.job_state)
-    if action is Recover.FINISH_STOP and not a.live:
+    if a.mode is Mode.REMOVED:
+        return
+    if a.mode is Mode.FINISHING_STOP:
+        await stop_flow.finish_stop(a)
+    elif action is Recover.FINISH_STOP and not a.live:
         await stop_flow.tell_stop_again(a)
     elif action is Recover.RESUME:
         await resume(a, explicit=False)

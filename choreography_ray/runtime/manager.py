@@ -82,6 +82,8 @@ class ManagerCore:
         self._drain: asyncio.Task[None] | None = None
         self.resuming = 0
         self.peak_resuming = 0
+        #: The jobs the last drain dispatched, in order (`drain_stats`): each drain starts it
+        #: afresh, so it never holds more than one pass's jobs.
         self.drained: builtins.list[str] = []
         #: Jobs this activation created and is starting: not interrupted, so never rehydrated
         #: (a rehydration would fail them for their missing plan before their start ran).
@@ -339,6 +341,7 @@ class ManagerCore:
 
     async def _drain_jobs(self, job_ids: builtins.list[str]) -> None:
         limit = asyncio.Semaphore(max(1, self.options.max_concurrent_rehydration))
+        self.drained = []
 
         async def one(job_id: str) -> None:
             async with limit:

@@ -293,7 +293,6 @@ def test_stop__a_start_answered_by_a_restarted_host_is_settled_when_the_loss_fai
 # -- the smaller ones -----------------------------------------------------------------------------
 
 
-@issue_35("recover on FINISHING_STOP runs on_stopped a second time for one stop")
 def test_recover__of_a_stop_whose_final_save_failed_runs_on_stopped_once(
     activations: Activations,
 ) -> None:
@@ -325,7 +324,6 @@ def test_recover__of_a_stop_whose_final_save_failed_runs_on_stopped_once(
     activations.run(scenario)
 
 
-@issue_35("recover on a removed activation raises IllegalTransitionError")
 def test_recover__of_a_removed_job_does_nothing(activations: Activations) -> None:
     """The job was removed (records gone, the activation REMOVED, its actor about to exit);
     a rehydration's `recover` reaches it: `recover_action` reads the REMOVING status still in
@@ -350,7 +348,6 @@ def test_recover__of_a_removed_job_does_nothing(activations: Activations) -> Non
     activations.run(scenario)
 
 
-@issue_35("gone() retried after a failed refresh raises KeyError for ever and never kicks")
 def test_host__a_loss_whose_refresh_fails_is_handled_once_and_its_steps_start_again(
     activations: Activations, fast_backoff: object
 ) -> None:
@@ -411,7 +408,6 @@ def test_start__a_failure_with_attempts_left_is_retried_after_the_running_save_f
     activations.run(scenario)
 
 
-@issue_35("ManagerCore.drained grows with every rehydration pass")
 def test_manager__rehydration_passes_keep_what_they_drained_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
