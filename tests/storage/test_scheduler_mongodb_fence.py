@@ -19,7 +19,11 @@ from typing import Any
 
 import pytest
 
-from choreography_ray.errors import SchedulerError, SchedulerOperationError
+from choreography_ray.errors import (
+    SchedulerError,
+    SchedulerOperationError,
+    StorageUnavailableError,
+)
 from choreography_ray.model import StageShape
 from choreography_ray.scheduler.records import (
     Checkpoint,
@@ -33,7 +37,9 @@ from choreography_ray.scheduler.status import RunStatus, WorkStatus
 from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import SchedulerStorage
 from choreography_ray.storage.scheduler import mongodb as provider
+from choreography_ray.storage.scheduler import mongodb_docs as docs
 from choreography_ray.storage.scheduler.mongodb import MongoSchedulerStorage
+from tests.mongo_proxy import FaultProxy
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.timeout(60)]
 
@@ -59,7 +65,7 @@ class TakenOver:
     @contextmanager
     def read_passed(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[SchedulerStorage]:
         """The predecessor, whose lease read returns what it read before the takeover."""
-        parse = provider._parse
+        parse = docs._parse
 
         def as_read_before(model: type[Any], collection: str, doc: Any) -> Any:
             if collection == "scheduler_locks":
@@ -199,3 +205,21 @@ async def test_fence__the_token_goes_on_from_a_released_lease(
     assert await store.release_lease(NAME, "a")
     again = await store.acquire_lease(NAME, "b/0002", TTL)
     assert again is not None and again.token == 2
+
+
+async def test_fence__a_fenced_write_whose_reply_was_lost_is_written_again(
+    proxy: FaultProxy, store: MongoSchedulerStorage
+) -> None:
+    """The holder's own stamp is no higher than its token: written again, it matches."""
+    assert await store.acquire_lease(NAME, BEFORE, TTL) is not None
+    holder = store.fenced(NAME, BEFORE)
+    run = ManifestRun(scope=SCOPE, manifest="m", job_type="pkg.jobs:J")
+    new = Manifest(scope=SCOPE, name="m", job_type="pkg.jobs:J", schedule=Every.hours(1))
+    for write in (lambda: holder.save_run(run), lambda: holder.upsert_manifest(new, ())):
+        proxy.drop_reply("update")
+        with pytest.raises(StorageUnavailableError):
+            await write()
+        await write()
+
+    assert await store.get_run(run.id) == run
+    assert await store.list_manifests(SCOPE) == [new]
