@@ -208,6 +208,9 @@ class SchedulerLease(_Record):
     holder: str
     acquired_at: datetime
     expires_at: datetime
+    #: The fencing token: one more each time the lease changes holder, the same on a renewal.
+    #: MongoDB's fenced writes carry it (0: a lease written before the token).
+    token: int = 0
 
 
 class TriggerResult(_Record):

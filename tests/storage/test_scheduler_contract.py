@@ -371,6 +371,19 @@ async def test_lease__a_later_incarnation_of_its_holder_takes_it_over_at_once(
     assert await sched.acquire_lease("scheduler/s", "other/0003", ttl) is None
 
 
+async def test_lease__its_token_goes_up_when_the_holder_changes_and_stays_on_a_renewal(
+    sched: SchedulerStorage,
+) -> None:
+    ttl = timedelta(seconds=30)
+    first = await sched.acquire_lease("scheduler/s", "actor/0001", ttl)
+    renewed = await sched.acquire_lease("scheduler/s", "actor/0001", ttl)
+    taken = await sched.acquire_lease("scheduler/s", "actor/0002", ttl)
+    assert first is not None and renewed is not None and taken is not None
+    assert (first.token, renewed.token, taken.token) == (1, 1, 2)
+    stored = await sched.get_lease("scheduler/s")
+    assert stored is not None and stored.token == 2
+
+
 async def test_lease__one_holder_until_it_expires_then_another_takes_it(
     sched: SchedulerStorage,
 ) -> None:

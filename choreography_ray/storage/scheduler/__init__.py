@@ -24,7 +24,8 @@ its model in `choreography_ray.scheduler.records`, the fields below are also key
     decisions       key (run_id, decision key): the first answer recorded for a key stays.
     checkpoints     key (run_id, stage).
     scheduler_locks key name ("scheduler/{scope}"): holder, acquired_at, expires_at (the
-                    database's clock). One holder at a time: the durable lock of a scope.
+                    database's clock), token (the fencing token). One holder at a time: the
+                    durable lock of a scope.
 
 `scheduled_at` is the database's time plus the delay (`now()` is the database's clock); a zero
 delay stores none, and an entry without one is due at once. `claim_due` is atomic: of two
@@ -157,18 +158,31 @@ def succeeds(holder: str, earlier: str) -> bool:
 
 
 def lease_for(
-    stored: SchedulerLease | None, name: str, holder: str, ttl: timedelta, now: datetime
+    stored: SchedulerLease | None,
+    name: str,
+    holder: str,
+    ttl: timedelta,
+    now: datetime,
+    *,
+    floor: int = 0,
 ) -> SchedulerLease | None:
     """The lease `acquire_lease` writes: a new one when none is stored, the stored one has
     expired, or its holder is an earlier incarnation of `holder`'s lineage (a restarted actor:
     Ray runs one incarnation of an actor at a time, so its predecessor is gone, and it need not
     wait `lock_ttl` for its lease); the stored one extended when `holder` holds it; None when
-    another holds it (an earlier incarnation never takes it back before it expires)."""
+    another holds it (an earlier incarnation never takes it back before it expires). A new
+    holder's token is one more than the stored lease's, or than `floor` when none is stored
+    (the highest token a provider issued before, if it keeps it); a renewal keeps it."""
     held = stored is not None and stored.holder != holder and stored.expires_at > now
     if held and stored is not None and not succeeds(holder, stored.holder):
         return None
-    acquired = stored.acquired_at if stored is not None and stored.holder == holder else now
-    return SchedulerLease(name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl)
+    if stored is not None and stored.holder == holder:
+        acquired, token = stored.acquired_at, stored.token
+    else:
+        acquired, token = now, (stored.token if stored is not None else floor) + 1
+    return SchedulerLease(
+        name=name, holder=holder, acquired_at=acquired, expires_at=now + ttl, token=token
+    )
 
 
 #: The scheduler's writes the scope's lease fences (`SchedulerStorage.fenced`): every write of
@@ -356,13 +370,15 @@ class SchedulerStorage(Protocol):
         `NOT_LOCK_HOLDER` unless `holder` holds the lease `name`, unexpired on the database's
         clock, checked in the same write: a scheduler that lost its lease to a successor or
         another cluster writes nothing more (SQLite: in the write's transaction; memory: in
-        the same step; MongoDB: read just before the write, see its module)."""
+        the same step; MongoDB: read just before the write, and the lease's token stamped on
+        each document and checked in the write itself, see its module)."""
 
 
 class _CheckedFirst:
     """A fence for a storage that has none of its own (a proxy, such as the memory storage
     shared through an actor on Ray): each write reads the lease on the database's clock just
-    before it, as MongoDB's fence does."""
+    before it, as MongoDB's fence does first (without its token: a takeover in between is the
+    window left)."""
 
     def __init__(self, storage: SchedulerStorage, name: str, holder: str) -> None:
         self._storage, self._name, self._holder = storage, name, holder

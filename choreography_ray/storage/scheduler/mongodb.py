@@ -19,7 +19,10 @@ UTC ISO-8601 strings, which sort as the instants do, as in the provider):
     checkpoints       `_id` "{run_id}/{stage}". Index (run_id, stage).
     scheduler_locks   `_id` lease name ("scheduler/{scope}"). Taken by an insert (a second
                       insert fails on `_id`), renewed or taken over by a `replace_one` filtered
-                      on the holder and expiry read just before: a compare-and-swap.
+                      on the holder and expiry read just before: a compare-and-swap. `token`:
+                      one more on each new holder (`lease_for`).
+    scheduler_fences  `_id` lease name; token: a released lease's, written before it is
+                      deleted, so the next lease inserted goes on from it.
 
 A marker is inserted before its entry and deleted after the entry leaves QUEUED (claimed,
 cancelled, or its link cleared), or at once when the entry's write fails. An enqueue writes the
@@ -30,11 +33,15 @@ is taken over by the next writer of that key. A claim is a `find_one_and_update`
 status QUEUED, so of two dispatchers one wins each entry, in due order (an entry without
 `scheduled_at` due from `created_at`: two sorted reads merged). The database's clock is the
 server's `hello.localTime` (no `$$NOW`: nx rejects update pipelines); a server without it falls
-back to this process's clock. The lease fences a fenced storage's writes by a read of
-`scheduler_locks` on the server's clock just before each write (no transaction holds the two
-together: a takeover in the round trip between them is the window left). Without
-transactions, the opt-out clears each queued link with its own conditional write;
-the dispatcher checks the flag again when it claims an entry.
+back to this process's clock. The lease fences a fenced storage's writes: a read of
+`scheduler_locks` on the server's clock just before each write refuses it when the lease is
+lost, and each document the write makes is stamped `fence` with the lease's token, each write
+of a stored one conditional on a stamp no higher (`mongodb_docs.Fence`; NOT_LOCK_HOLDER when
+it misses for that). So a holder whose read passed just before a takeover cannot overwrite what
+its successor wrote; a document the successor has not written yet it still can, within that
+round trip. Unfenced writes neither stamp nor check. Without transactions, the opt-out clears
+each queued link with its own conditional write; the dispatcher checks the flag again when it
+claims an entry.
 
 A lost acknowledgement (the write applied, its reply lost: nx-27017 and a standalone `mongod`
 do not retry writes) reaches the caller as unavailable, and the caller writes again; every
@@ -89,13 +96,17 @@ from choreography_ray.storage.scheduler.mongodb_docs import (
     _INDEXES,
     _QUEUED,
     _T,
+    UNFENCED,
     Doc,
+    Fence,
     _doc,
     _drop_keys,
     _iso,
     _manifest_id,
     _parse,
     _parse_all,
+    _release_lease,
+    _released_token,
     _server_now,
     _take_keys,
     _unlink,
@@ -120,20 +131,21 @@ class MongoSchedulerStorage:
 
         return await self.storage._run(run)
 
-    async def _write(self, operation: Callable[[Database[Doc]], _T]) -> _T:
+    async def _write(self, operation: Callable[[Database[Doc], Fence], _T]) -> _T:
         """`operation`, a write of the scheduler's; a fenced storage reads its lease on the
-        database's clock just before it, and refuses the write when it no longer holds it."""
+        database's clock just before it, refuses the write when it no longer holds it, and
+        writes with the lease's token (`Fence`)."""
         fence = self._fence
         if fence is None:
-            return await self._run(operation)
+            return await self._run(lambda db: operation(db, UNFENCED))
 
         def fenced(db: Database[Doc]) -> _T:
             name, holder = fence
             found = db.scheduler_locks.find_one({"_id": name})
             lease = _parse(SchedulerLease, "scheduler_locks", dict(found) if found else None)
-            if not holds(lease, holder, _server_now(db)):
+            if lease is None or not holds(lease, holder, _server_now(db)):
                 raise fence_error(name, holder, "the write")
-            return operation(db)
+            return operation(db, Fence(lease.token, name, holder))
 
         return await self._run(fenced)
 
@@ -155,8 +167,8 @@ class MongoSchedulerStorage:
             "$setOnInsert": {f: v for f, v in doc.items() if f not in written and f != "_id"},
         }
 
-        def upsert(db: Database[Doc]) -> Doc | None:
-            db.manifests.update_one({"_id": key}, change, upsert=True)
+        def upsert(db: Database[Doc], fence: Fence) -> Doc | None:
+            fence.replace(db.manifests, key, change)
             return db.manifests.find_one({"_id": key})
 
         stored = _parse(Manifest, "manifests", await self._write(upsert))
@@ -182,10 +194,11 @@ class MongoSchedulerStorage:
     async def set_replay_decisions_on_retry(
         self, scope: str, names: Collection[str], value: bool
     ) -> int:
-        def write(db: Database[Doc]) -> int:
+        def write(db: Database[Doc], fence: Fence) -> int:
             ids = [_manifest_id(scope, n) for n in names]
-            db.manifests.update_many({"_id": {"$in": ids}},
-                                     {"$set": {"replay_decisions_on_retry": value}})  # fmt: skip
+            change = {"$set": fence.mark({"replay_decisions_on_retry": value})}
+            db.manifests.update_many(fence.only({"_id": {"$in": ids}}), change)
+            fence.check(db.manifests, {"_id": {"$in": ids}})
             if value:
                 return 0
             query = {"scope": scope, "status": _QUEUED, "holds_manifest_key": True,
@@ -193,12 +206,15 @@ class MongoSchedulerStorage:
             cleared = 0
             for doc in list(db.work_queue.find(query)):
                 only = {"_id": doc["_id"], "status": _QUEUED, "replays": doc.get("replays")}
+                change = {"$set": fence.mark({"replays": None})}
                 done = doc.get("replays") is not None and bool(
-                    db.work_queue.update_one(only, {"$set": {"replays": None}}).modified_count
+                    db.work_queue.update_one(fence.only(only), change).modified_count
                 )
+                if doc.get("replays") is not None and not done:
+                    fence.check(db.work_queue, {"_id": doc["_id"]})
                 cleared += done
                 if done or doc.get("replays") is None:  # not when it left the queue meanwhile
-                    _unlink(db, doc, done)
+                    _unlink(db, doc, done, fence)
             return cleared
 
         return await self._write(write)
@@ -212,12 +228,12 @@ class MongoSchedulerStorage:
         *,
         refuse_resume: bool = False,
     ) -> Enqueued:
-        def write(db: Database[Doc]) -> Enqueued:
+        def write(db: Database[Doc], fence: Fence) -> Enqueued:
             now = _server_now(db)
-            taken, markers = _take_keys(db, entry, now)
+            taken, markers = _take_keys(db, entry, now, fence)
             result = settle_keys(entry, run, taken, refuse_resume)
             if result.entry is None or result.run is None:
-                _drop_keys(db, entry.id, markers)
+                _drop_keys(db, entry.id, markers, fence)
                 return result
             queued = result.entry.model_copy(update={
                 "status": WorkStatus.QUEUED, "created_at": now, "run_id": result.run.id,
@@ -227,21 +243,21 @@ class MongoSchedulerStorage:
             # never written, which the next cycle cancels (a run with no entry would block its
             # manifest). An entry that was not written gives its keys back at once.
             try:
-                db.work_queue.insert_one(_doc(queued, queued.id))
+                db.work_queue.insert_one(fence.mark(_doc(queued, queued.id)))
             except Exception:
                 # Unless it was written and only its reply lost: then it holds its keys until
                 # the next cycle cancels it for the run it names and lacks.
                 with contextlib.suppress(Exception):
                     if db.work_queue.find_one({"_id": queued.id}, {"_id": 1}) is None:
-                        _drop_keys(db, entry.id, markers)
+                        _drop_keys(db, entry.id, markers, fence)
                 raise
-            db.runs.replace_one({"_id": run.id}, _doc(result.run, run.id), upsert=True)
+            fence.replace(db.runs, run.id, _doc(result.run, run.id))
             return Enqueued(queued, result.run, None, result.replay_dropped, result.resume_dropped)
 
         return await self._write(write)
 
     async def claim_due(self, scope: str, limit: int = 100) -> list[WorkEntry]:
-        def claim(db: Database[Doc]) -> list[Doc]:
+        def claim(db: Database[Doc], fence: Fence) -> list[Doc]:
             now = _iso(_server_now(db))
             # In due order, as the other providers: an entry with no `scheduled_at` is due from
             # its `created_at`. Two sorted reads merged (nx-27017 has no `$ifNull` sort key).
@@ -257,30 +273,34 @@ class MongoSchedulerStorage:
             claimed = []
             for candidate in candidates:
                 doc = db.work_queue.find_one_and_update(
-                    {"_id": candidate["_id"], "status": _QUEUED},
-                    {"$set": {"status": WorkStatus.DISPATCHED.value, "dispatched_at": now},
+                    fence.only({"_id": candidate["_id"], "status": _QUEUED}),
+                    {"$set": fence.mark({"status": WorkStatus.DISPATCHED.value,
+                                         "dispatched_at": now}),
                      "$inc": {"dispatch_attempts": 1}},
                     return_document=ReturnDocument.AFTER,
                 )  # fmt: skip
-                if doc is not None:
-                    _drop_keys(db, candidate["_id"])
+                if doc is None:
+                    fence.check(db.work_queue, {"_id": candidate["_id"]})
+                else:
+                    _drop_keys(db, candidate["_id"], fence=fence)
                     claimed.append(doc)
             return claimed
 
         return _parse_all(WorkEntry, "work_queue", await self._write(claim))
 
     async def release(self, entry_id: str, *, clear_link: bool = False) -> WorkEntry | None:
-        def write(db: Database[Doc]) -> Doc | None:
+        def write(db: Database[Doc], fence: Fence) -> Doc | None:
             change: Doc = {"scheduled_at": None}
             if clear_link:
                 change["replays"] = None
             before = db.work_queue.find_one_and_update(
-                {"_id": entry_id, "status": _QUEUED}, {"$set": change}
+                fence.only({"_id": entry_id, "status": _QUEUED}), {"$set": fence.mark(change)}
             )
             if before is None:
+                fence.check(db.work_queue, {"_id": entry_id})
                 return None
             if clear_link:
-                _unlink(db, before, before.get("replays") is not None)
+                _unlink(db, before, before.get("replays") is not None, fence)
             return db.work_queue.find_one({"_id": entry_id})
 
         return _parse(WorkEntry, "work_queue", await self._write(write))
@@ -288,19 +308,20 @@ class MongoSchedulerStorage:
     async def requeue_dispatch(
         self, entry_id: str, delay: timedelta, *, count_attempt: bool = True
     ) -> WorkEntry | None:
-        def write(db: Database[Doc]) -> Doc | None:
+        def write(db: Database[Doc], fence: Fence) -> Doc | None:
             entry = _parse(WorkEntry, "work_queue", db.work_queue.find_one({"_id": entry_id}))
             if entry is None or entry.status is not WorkStatus.DISPATCHED:
                 return None
             now = _server_now(db)
-            taken, markers = _take_keys(db, entry, now)
+            taken, markers = _take_keys(db, entry, now, fence)
             scheduled = _iso(now + delay) if delay > timedelta(0) else None
             change = {**given_up_keys(taken), "status": _QUEUED, "scheduled_at": scheduled}
             if not count_attempt:  # as read: the claim is the write before this one
                 change["dispatch_attempts"] = entry.dispatch_attempts - 1
-            only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value}
-            if not db.work_queue.update_one(only, {"$set": change}).matched_count:
-                _drop_keys(db, entry_id, markers)
+            only = fence.only({"_id": entry_id, "status": WorkStatus.DISPATCHED.value})
+            if not db.work_queue.update_one(only, {"$set": fence.mark(change)}).matched_count:
+                _drop_keys(db, entry_id, markers, fence)
+                fence.check(db.work_queue, {"_id": entry_id})
                 return None
             return db.work_queue.find_one({"_id": entry_id})
 
@@ -309,14 +330,17 @@ class MongoSchedulerStorage:
     async def cancel_entry(
         self, entry_id: str, run: ManifestRun | None = None, *, claimed: bool = False
     ) -> bool:
-        def write(db: Database[Doc]) -> bool:
+        def write(db: Database[Doc], fence: Fence) -> bool:
             only = {"_id": entry_id, "status": WorkStatus.DISPATCHED.value if claimed else _QUEUED}
-            done = db.work_queue.update_one(only, {"$set": {"status": WorkStatus.CANCELLED.value}})
-            if done.matched_count:
-                _drop_keys(db, entry_id)
-                if run is not None:  # after the entry: the cycle settles a run left waiting
-                    db.runs.replace_one({"_id": run.id}, _doc(run, run.id), upsert=True)
-            return bool(done.matched_count)
+            change = {"$set": fence.mark({"status": WorkStatus.CANCELLED.value})}
+            done = db.work_queue.update_one(fence.only(only), change)
+            if not done.matched_count:
+                fence.check(db.work_queue, {"_id": entry_id})
+                return False
+            _drop_keys(db, entry_id, fence=fence)
+            if run is not None:  # after the entry: the cycle settles a run left waiting
+                fence.replace(db.runs, run.id, _doc(run, run.id))
+            return True
 
         return await self._write(write)
 
@@ -335,7 +359,7 @@ class MongoSchedulerStorage:
     # runs
     async def save_run(self, run: ManifestRun) -> None:
         doc = _doc(run, run.id)
-        await self._write(lambda db: db.runs.replace_one({"_id": run.id}, doc, upsert=True))
+        await self._write(lambda db, fence: fence.replace(db.runs, run.id, doc))
 
     async def get_run(self, run_id: str) -> ManifestRun | None:
         return _parse(
@@ -370,13 +394,14 @@ class MongoSchedulerStorage:
     async def delete_runs(self, run_ids: Collection[str]) -> int:
         ids = list(dict.fromkeys(run_ids))
 
-        def delete(db: Database[Doc]) -> int:
+        def delete(db: Database[Doc], fence: Fence) -> int:
             found = {"_id": {"$in": ids}}
             entries = [d.get("entry_id") for d in db.runs.find(found, {"entry_id": 1})]
-            db.work_queue.delete_many({"_id": {"$in": entries}, "status": {"$ne": _QUEUED}})
+            done = {"_id": {"$in": entries}, "status": {"$ne": _QUEUED}}
+            db.work_queue.delete_many(fence.only(done))
             db.decisions.delete_many({"run_id": {"$in": ids}})
-            db.checkpoints.delete_many({"run_id": {"$in": ids}})
-            return int(db.runs.delete_many(found).deleted_count)  # last: a cut-short delete
+            db.checkpoints.delete_many(fence.only({"run_id": {"$in": ids}}))
+            return int(db.runs.delete_many(fence.only(found)).deleted_count)  # last: cut short
 
         return await self._write(delete) if ids else 0
 
@@ -393,26 +418,29 @@ class MongoSchedulerStorage:
         doc = _doc(dead_letter, dead_letter.id)
         key = {"_id": _manifest_id(dead_letter.scope, dead_letter.manifest)}
 
-        def write(db: Database[Doc]) -> bool:
+        def write(db: Database[Doc], fence: Fence) -> bool:
             # The marker first: one awaiting dead letter per manifest. A marker whose dead
             # letter was resolved, or never written, is stale and taken over.
             if dead_letter.status.value != _AWAITING:
-                db.dead_letters.insert_one(doc)
+                db.dead_letters.insert_one(fence.mark(doc))
                 return True
             try:
-                db.dead_letter_keys.insert_one({**key, "dead_letter_id": dead_letter.id})
+                db.dead_letter_keys.insert_one(
+                    fence.mark({**key, "dead_letter_id": dead_letter.id})
+                )
             except mongo.DuplicateKeyError:
                 held = db.dead_letter_keys.find_one(key) or {}
                 holder = db.dead_letters.find_one({"_id": held.get("dead_letter_id")})
                 if holder is not None and holder.get("status") == _AWAITING:
                     return False
                 swapped = db.dead_letter_keys.replace_one(
-                    {**key, "dead_letter_id": held.get("dead_letter_id")},
-                    {**key, "dead_letter_id": dead_letter.id},
+                    fence.only({**key, "dead_letter_id": held.get("dead_letter_id")}),
+                    fence.mark({**key, "dead_letter_id": dead_letter.id}),
                 )
                 if not swapped.matched_count:
+                    fence.check(db.dead_letter_keys, key)
                     return False  # another took it over first
-            db.dead_letters.insert_one(doc)
+            db.dead_letters.insert_one(fence.mark(doc))
             return True
 
         return await self._write(write)
@@ -436,15 +464,17 @@ class MongoSchedulerStorage:
     async def resolve_dead_letter(
         self, dead_letter_id: str, status: DeadLetterStatus, note: str | None = None
     ) -> DeadLetter | None:
-        def write(db: Database[Doc]) -> Doc | None:
+        def write(db: Database[Doc], fence: Fence) -> Doc | None:
             change = {"status": status.value, "resolved_at": _iso(_server_now(db)), "note": note}
             resolved = db.dead_letters.find_one_and_update(
-                {"_id": dead_letter_id, "status": _AWAITING},
-                {"$set": change},
+                fence.only({"_id": dead_letter_id, "status": _AWAITING}),
+                {"$set": fence.mark(change)},
                 return_document=ReturnDocument.AFTER,
             )
-            if resolved is not None:
-                db.dead_letter_keys.delete_one({"dead_letter_id": dead_letter_id})
+            if resolved is None:
+                fence.check(db.dead_letters, {"_id": dead_letter_id})
+            else:
+                db.dead_letter_keys.delete_one(fence.only({"dead_letter_id": dead_letter_id}))
             return resolved
 
         return _parse(DeadLetter, "dead_letters", await self._write(write))
@@ -452,7 +482,7 @@ class MongoSchedulerStorage:
     async def remove_resolved_dead_letters(self, before: datetime) -> int:
         query = {"resolved_at": {"$ne": None, "$lt": _iso(before)}}
 
-        def delete(db: Database[Doc]) -> int:
+        def delete(db: Database[Doc], fence: Fence) -> int:
             # Each manifest's latest resolution of each status stays: read per manifest with
             # an old one (nx-27017 has no compound `$group` keys), then the rest deleted.
             old = _parse_all(DeadLetter, "dead_letters", list(db.dead_letters.find(query)))
@@ -466,7 +496,8 @@ class MongoSchedulerStorage:
             doomed = [d.id for d in old if d.id not in kept]
             if not doomed:
                 return 0
-            return int(db.dead_letters.delete_many({"_id": {"$in": doomed}}).deleted_count)
+            gone = db.dead_letters.delete_many(fence.only({"_id": {"$in": doomed}}))
+            return int(gone.deleted_count)
 
         return await self._write(delete)
 
@@ -496,7 +527,7 @@ class MongoSchedulerStorage:
     async def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         key = f"{checkpoint.run_id}/{checkpoint.stage}"
         doc = _doc(checkpoint, key)
-        await self._write(lambda db: db.checkpoints.replace_one({"_id": key}, doc, upsert=True))
+        await self._write(lambda db, fence: fence.replace(db.checkpoints, key, doc))
 
     async def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         docs = await self._run(
@@ -509,7 +540,8 @@ class MongoSchedulerStorage:
         def write(db: Database[Doc]) -> Doc | None:
             found = db.scheduler_locks.find_one({"_id": name})
             stored = _parse(SchedulerLease, "scheduler_locks", dict(found) if found else None)
-            lease = lease_for(stored, name, holder, ttl, _server_now(db))
+            floor = 0 if found else _released_token(db, name)
+            lease = lease_for(stored, name, holder, ttl, _server_now(db), floor=floor)
             if lease is None:
                 return None
             doc = _doc(lease, name)
@@ -527,10 +559,7 @@ class MongoSchedulerStorage:
         return _parse(SchedulerLease, "scheduler_locks", await self._run(write))
 
     async def release_lease(self, name: str, holder: str) -> bool:
-        done = await self._run(
-            lambda db: db.scheduler_locks.delete_one({"_id": name, "holder": holder})
-        )
-        return int(done.deleted_count) == 1
+        return await self._run(lambda db: _release_lease(db, name, holder))
 
     async def get_lease(self, name: str) -> SchedulerLease | None:
         doc = await self._run(lambda db: db.scheduler_locks.find_one({"_id": name}))

@@ -6,13 +6,13 @@ writing beside the new holder."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from choreography_ray.errors import SchedulerError, SchedulerOperationError
 from choreography_ray.scheduler.schedules import Every
-from choreography_ray.storage.scheduler import fenced
+from choreography_ray.storage.scheduler import fenced, lease_for
 from choreography_ray.storage.scheduler.memory import MemorySchedulerStorage
 from tests.storage.test_scheduler_contract import queued
 from tests.unit.scheduler.harness import JOB, Clock, Harness, run
@@ -87,3 +87,20 @@ def test_a_proxied_storage_is_fenced_by_reading_the_lease_before_each_write() ->
         assert [e.manifest for e in await proxy.queued_entries("s")] == ["a"]
 
     run(scenario)
+
+
+def test_the_leases_token_goes_up_on_a_takeover_and_stays_on_a_renewal() -> None:
+    """The fencing token MongoDB's writes carry: one more for each new holder, the same for
+    the holder's renewals; a lease inserted after none goes on from `floor` (a released one's)."""
+    now, ttl = datetime(2026, 1, 1, tzinfo=UTC), timedelta(seconds=30)
+    first = lease_for(None, "scheduler/s", "actor/0001", ttl, now)
+    assert first is not None and first.token == 1
+    renewed = lease_for(first, "scheduler/s", "actor/0001", ttl, now + timedelta(seconds=10))
+    assert renewed is not None and renewed.token == 1
+    successor = lease_for(renewed, "scheduler/s", "actor/0002", ttl, now + timedelta(seconds=11))
+    assert successor is not None and successor.token == 2
+    expired = lease_for(successor, "scheduler/s", "other/0001", ttl, now + timedelta(minutes=5))
+    assert expired is not None and expired.token == 3
+    assert lease_for(expired, "scheduler/s", "actor/0003", ttl, now + timedelta(minutes=5)) is None
+    after_release = lease_for(None, "scheduler/s", "b", ttl, now, floor=7)
+    assert after_release is not None and after_release.token == 8
