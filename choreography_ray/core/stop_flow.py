@@ -84,9 +84,9 @@ async def halt_and_tell(a: JobCore, removing: bool) -> None:
     a.dirty = True
     try:
         a.tally.stopped += (await stop_unread(a))[0]
-    except Exception as error:  # they start when the job resumes all the same
-        log.warning("job %s: counting its unread steps as stopped failed: %s", a.job_id,
-                    error)  # fmt: skip
+    except Exception as error:  # read again before the stop is final (`finish_stop`)
+        log.warning("job %s: counting its unread steps as stopped failed (again before the "
+                    "stop is final): %s", a.job_id, error)  # fmt: skip
     await a.hosts.cancel(a.window.hosts(), a.job_id, removing)
     try:
         await stop_lost_owners(a)
@@ -150,6 +150,11 @@ async def finish_stop(a: JobCore) -> bool:
     removing = a.job_state.status is JobStatus.REMOVING
     try:
         await sweep_stop(a)
+        # Every step is counted before the stop is final: starts that threw and steps the feed
+        # has not read, whose reading failed before, are read again (a failure: on the timer).
+        if a.window.failed_starts():
+            await settle_failed_starts(a)
+        a.tally.stopped += (await stop_unread(a))[0]
         if a.window.in_flight():
             return True  # their reports finish it
         await job_record.save(a)
@@ -225,9 +230,22 @@ async def stop_unread(a: JobCore) -> tuple[int, int]:
 
 
 async def stop_failed_starts(a: JobCore) -> None:
-    """A stopping job's starts that threw (the stop came first): a step a host has all the
-    same is active again and told to stop, a step whose outcome storage holds counts it,
-    and the others never ran: they count as the stop counts a step that never started."""
+    """A stopping job's starts that threw (the stop came first) are settled, and the stop
+    finishes once every step has reported; when settling them fails, the finish tries again."""
+    try:
+        await settle_failed_starts(a)
+    except Exception as error:
+        log.warning("job %s: settling the starts that threw during its stop failed: %s",
+                    a.job_id, error)  # fmt: skip
+        a.timers.arm("finish")
+        return
+    await finish_stop_when_reported(a)
+
+
+async def settle_failed_starts(a: JobCore) -> None:
+    """A stopping job's starts that threw: a step a host has all the same is active again and
+    told to stop, a step whose outcome storage holds counts it, and the others never ran:
+    they count as the stop counts a step that never started."""
     failed = {start.step_id: start for start in a.window.failed_starts()}
     on_hosts = await a.hosts.running(a.job_id, epoch=a.epoch)  # before storage: see _adopt_stage
     unsure = [step_id for step_id in failed if step_id not in on_hosts]
@@ -251,4 +269,3 @@ async def stop_failed_starts(a: JobCore) -> None:
     if told:
         removing = a.job_state.status is JobStatus.REMOVING
         await a.hosts.cancel(told, a.job_id, removing)
-    await finish_stop_when_reported(a)
