@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +42,8 @@ from choreography_ray.scheduler.status import DeadLetterStatus, RunStatus, WorkS
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import open_storage
 from choreography_ray.storage.scheduler import SchedulerStorage, scheduler_storage
+from tests.mongo_proxy import start_nx
+from tests.support import free_port
 
 SCOPE = "soak"
 OPTIONS = SchedulerOptions(
@@ -158,10 +163,16 @@ async def operator(rng: random.Random, cores: list[SchedulerCore], stop: asyncio
     return made
 
 
-async def run_seed(seed: int, storage_kind: str = "sqlite") -> dict[str, Any]:
+async def run_seed(seed: int, storage_kind: str = "sqlite", server: str = "") -> dict[str, Any]:
+    """One run on `storage_kind`: a SQLite file, the memory storage, or (with `server`, a
+    MongoDB URL without a database) a database of its own on that server."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as home:
-        url = f"sqlite:///{Path(home) / 'soak.db'}" if storage_kind == "sqlite" else "memory://"
+        url = {
+            "sqlite": f"sqlite:///{Path(home) / 'soak.db'}",
+            "memory": "memory://",
+            "mongodb": f"{server.rstrip('/')}/soak_{seed}",
+        }[storage_kind]
         opened = open_storage(url)
         storage = scheduler_storage(opened)
         jobs = SoakJobs(rng, storage)
@@ -294,14 +305,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--storage", choices=["sqlite", "memory"], default="sqlite")
+    parser.add_argument("--storage", choices=["sqlite", "memory", "mongodb"], default="sqlite")
     args = parser.parse_args(argv)
     logging.getLogger().addHandler(logging.NullHandler())  # quiet: the results speak
     logging.getLogger("choreography_ray").setLevel(logging.ERROR)
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(mongodb_server()) if args.storage == "mongodb" else ""
+        return _runs(args.seed, args.runs, args.storage, server)
+
+
+@contextlib.contextmanager
+def mongodb_server() -> Iterator[str]:
+    """The MongoDB of `CHOREOGRAPHY_MONGODB_URI`, else an nx-27017 server started here (and
+    stopped by its pid): its URL without a database."""
+    if uri := os.environ.get("CHOREOGRAPHY_MONGODB_URI"):
+        yield uri
+        return
+    with tempfile.TemporaryDirectory() as home:
+        server, url = start_nx(Path(home), free_port())
+        try:
+            yield url
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def _runs(first: int, runs: int, storage: str, server: str) -> int:
     results = []
-    for seed in range(args.seed, args.seed + args.runs):
+    for seed in range(first, first + runs):
         started = time.monotonic()
-        result = asyncio.run(run_seed(seed, args.storage))
+        result = asyncio.run(run_seed(seed, storage, server))
         result["seconds"] = round(time.monotonic() - started, 1)
         results.append(result)
         print(result, flush=True)
