@@ -24,27 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.heads import (
-    HEAD_START_SECONDS,
-    HEAD_STOP_SECONDS,
-    REPO,
-    _gcs_answers,
     _give_up,
     base_env,
     ray_command,
+    started_head,
 )
-from tests.support import free_port, with_default_sigint
+from tests.support import free_port
 
 #: Seconds between two rounds of the autoscaler (Ray's default is 5).
 AUTOSCALER_UPDATE_SECONDS = 1
@@ -201,32 +194,9 @@ def autoscaling_cluster(
         "--num-cpus", str(head_cpus), "--num-gpus", "0", "--disable-usage-stats",
         f"--autoscaling-config={config}",
     ]  # fmt: skip
-    log = open(Path(temp_dir) / "ray-start.log", "w+b")  # noqa: SIM115 - closed below
-    head = subprocess.Popen(with_default_sigint(command), cwd=REPO, env=head_env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + HEAD_START_SECONDS
-        while not _gcs_answers(gcs):
-            if head.poll() is not None:
-                log.seek(0)
-                _give_up(f"`ray start --head` failed: {log.read().decode()[-2000:]}")
-            if time.monotonic() > deadline:
-                _give_up(f"the GCS of `ray start --head` did not answer on port {gcs}")
-            time.sleep(0.5)
+    with started_head(command, head_env, temp_dir, gcs):
         yield AutoscalingHead(
             address=f"127.0.0.1:{gcs}",
             driver_env={**head_env, "RAY_AUTH_MODE": "token"},
             monitor_log=Path(temp_dir) / "session_latest" / "logs" / "monitor.log",
         )
-    finally:
-        if head.poll() is None:
-            # SIGINT: an interrupted `ray start --block` kills its processes at exit.
-            head.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                head.wait(HEAD_STOP_SECONDS)
-        # The rest of the group: the worker raylets the autoscaler started, and their workers.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait(HEAD_STOP_SECONDS)
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -97,9 +97,26 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterato
         "--ray-client-server-port", str(free_port()),
         "--num-cpus", str(num_cpus), "--disable-usage-stats",
     ]  # fmt: skip
+    with started_head(command, head_env, temp_dir, gcs) as log_path:
+        yield Head(
+            address=f"127.0.0.1:{gcs}",
+            metrics_port=metrics,
+            driver_env={**head_env, "RAY_AUTH_MODE": "token"},
+            log=log_path,
+        )
+
+
+@contextlib.contextmanager
+def started_head(
+    command: list[str], env: Mapping[str, str], temp_dir: str, gcs: int
+) -> Iterator[Path]:
+    """Runs `command` (a `ray start --head --block` whose GCS listens on `gcs`) in a process
+    group of its own until the GCS answers, and yields its output's file; at exit, stops it
+    and everything it started, and removes `temp_dir`. A head that does not come up skips the
+    test (fails it under `CI=true`)."""
     log_path = Path(temp_dir) / "ray-start.log"
     log = open(log_path, "w+b")  # noqa: SIM115 - closed below
-    head = subprocess.Popen(with_default_sigint(command), cwd=REPO, env=head_env, stdout=log,
+    head = subprocess.Popen(with_default_sigint(command), cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + HEAD_START_SECONDS
@@ -110,12 +127,7 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterato
             if time.monotonic() > deadline:
                 _give_up(f"the GCS of `ray start --head` did not answer on port {gcs}")
             time.sleep(0.5)
-        yield Head(
-            address=f"127.0.0.1:{gcs}",
-            metrics_port=metrics,
-            driver_env={**head_env, "RAY_AUTH_MODE": "token"},
-            log=log_path,
-        )
+        yield log_path
     finally:
         if head.poll() is None:
             # SIGINT, not SIGTERM: SIGTERM first drains the node, which here takes half a
@@ -123,7 +135,8 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterato
             head.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 head.wait(HEAD_STOP_SECONDS)
-        # Whatever of the process group this helper created is left (the head's children).
+        # Whatever of the process group is left: the head's children (with an autoscaler,
+        # the worker raylets it started, and their workers).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait(HEAD_STOP_SECONDS)
