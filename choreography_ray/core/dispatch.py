@@ -130,8 +130,16 @@ async def answered(
     known = a.incarnations.get(host)
     if error is None and known is not None and known != incarnation:
         # The host restarted since it last answered: the steps it ran then are gone (this
-        # batch's are still being started, so not among them).
-        await host_watch.host_lost(a, host)
+        # batch's are still being started, so not among them). A loss that fails to be
+        # handled here is handled again later: the batch is answered all the same, ACTIVE
+        # and watched, not left STARTING.
+        earlier = host_watch.answered_on(a, host)
+        try:
+            await host_watch.host_lost(a, host, earlier)
+        except Exception as failure:
+            log.warning("job %s: handling the steps host %s lost as it restarted failed (%s);"
+                        " again soon", a.job_id, host, failure)  # fmt: skip
+            a.lose_later(host, earlier)
     a.window.answered(batch, error is None)
     a.kick()
     if error is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import TYPE_CHECKING
 
 from choreography_ray.core import job_record, settling, stop_flow
@@ -37,15 +37,22 @@ async def fenced(a: JobCore) -> AsyncIterator[dict[str, str]]:
         await a.hosts.lift_fence(a.job_id)
 
 
-async def host_lost(a: JobCore, host: str) -> None:
-    """The incarnation of `host` that ran this activation's answered steps is gone: a step
-    whose outcome it stored counts that; the others never report. A stopping job stores
-    them STOPPED (and finishes its stop when they were the last); a running one starts them
-    again (leases off) or leaves them to the lease (on); an activation that drives nothing yet
-    leaves them to its resume. Steps whose start is unanswered wait for their answer."""
+def answered_on(a: JobCore, host: str) -> set[str]:
+    """The steps on `host` whose start it answered (those still starting are not among them)."""
+    return {s.step_id for s in a.window.on_host(host) if a.window.state_of(s.step_id) in RUNNING}
+
+
+async def host_lost(a: JobCore, host: str, only: Collection[str] | None = None) -> None:
+    """The incarnation of `host` that ran this activation's answered steps (`only` those of
+    them, when a later incarnation runs the others) is gone: a step whose outcome it stored
+    counts that; the others never report. A stopping job stores them STOPPED (and finishes
+    its stop when they were the last); a running one starts them again (leases off) or
+    leaves them to the lease (on); an activation that drives nothing yet leaves them to its
+    resume. Steps whose start is unanswered wait for their answer."""
     stage = a.job_state.stage
-    lost_ids = {s.step_id for s in a.window.on_host(host)
-                if a.window.state_of(s.step_id) in RUNNING}  # fmt: skip
+    lost_ids = answered_on(a, host)
+    if only is not None:
+        lost_ids &= set(only)
     stored = {k: v for k, v in settling.settleable(a, stage).items() if k in lost_ids}
     await settling.settle_stored(a, stored)
     lost = [s for s in a.window.on_host(host) if s.step_id in lost_ids]

@@ -49,6 +49,10 @@ class Hosts(Protocol):
         Each host asked learns `epoch`: it refuses the starts of older activations from then
         on."""
 
+    def known_incarnation(self, host: str) -> str | None:
+        """The incarnation of the host that last answered a start or listed the job's steps in
+        `running` (None: none has): the one a watch of the steps it holds names."""
+
     async def lift_fence(self, job_id: str) -> None:
         """The hosts write the job's outcomes again."""
 

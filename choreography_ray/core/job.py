@@ -319,6 +319,20 @@ class JobCore:
 
         self.tasks.spawn(f"watch {host}", watch())
 
+    def lose_later(self, host: str, step_ids: set[str]) -> None:
+        """Handles the loss of these steps of an incarnation of `host` that is gone, in a
+        turn, until it succeeds: a loss that failed in the turn that learned it."""
+
+        async def lose() -> None:
+            async with self.turns.turn(f"steps lost by host {host}"):
+                await host_watch.host_lost(self, host, step_ids)
+
+        async def again() -> None:
+            await self.until_done(f"handling the steps lost by host {host}", lose)
+            self.kick()
+
+        self.tasks.spawn(f"steps lost by host {host}", again())
+
     # -- outcomes -----------------------------------------------------------------------------
 
     async def report_outcomes(self, outcomes: list[Outcome]) -> None:

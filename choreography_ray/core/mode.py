@@ -73,7 +73,8 @@ TRANSITIONS: dict[Mode, frozenset[Mode]] = {
     Mode.IDLE: frozenset({Mode.PREPARING, Mode.STOPPING, *_RESUMED, *_ENDS}),
     # A first stage that could not begin leaves startup to the watchdog (IDLE).
     Mode.PREPARING: frozenset({Mode.IDLE, Mode.STOPPING, *_RESUMED, *_ENDS}),
-    # A RUNNING save that failed in start's last turn leaves the steps to a resume (IDLE).
+    # A first stage that could not begin once RUNNING was entered leaves startup to the
+    # watchdog (IDLE); a RUNNING save that failed in start's last turn stays, the save owed.
     Mode.RUNNING: frozenset({Mode.IDLE, Mode.STOPPING, *_RESUMED, *_ENDS}),
     Mode.AWAITING_ADMISSION: frozenset({Mode.IDLE, Mode.STOPPING, *_RESUMED, *_ENDS}),
     Mode.HOOK_OWED: frozenset({Mode.IDLE, Mode.STOPPING, *_RESUMED, *_ENDS}),

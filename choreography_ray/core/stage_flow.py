@@ -52,18 +52,36 @@ async def first_wave_answered(a: JobCore, answers: list[bool]) -> StartJobError 
         try:
             await job_record.set_status(a, JobStatus.RUNNING)
         except Exception:
-            # Its steps run: the watchdog (or a rehydration) adopts them through a resume, as
-            # after a failed first stage.
-            if a.live:
-                a.enter(Mode.IDLE)
+            # Its steps run, driven here (a failure with attempts left is retried): the save
+            # is owed, saved again by the pump on the "running" timer.
+            a.timers.arm("running")
             raise
-        try:
-            # A first stage whose steps all failed to start is done: on to the next.
-            await check_stage(a)
-        except Exception:
-            log.exception("job %s: moving past its first stage failed", a.job_id)
+        await _first_stage_checked(a)
     a.kick()
     return start_error(a, answers)
+
+
+async def save_running(a: JobCore) -> None:
+    """The RUNNING save that start's last turn owes (it failed), again; on a failure, again
+    after the timer's backoff."""
+    if a.job_state.status is not JobStatus.STARTING_STEPS:
+        return
+    try:
+        await job_record.set_status(a, JobStatus.RUNNING)
+    except Exception as error:
+        log.warning("job %s: saving RUNNING failed again (%s); again soon", a.job_id, error)
+        a.timers.arm("running")
+        return
+    a.timers.clear("running")
+    await _first_stage_checked(a)
+
+
+async def _first_stage_checked(a: JobCore) -> None:
+    try:
+        # A first stage whose steps all failed to start is done: on to the next.
+        await check_stage(a)
+    except Exception:
+        log.exception("job %s: moving past its first stage failed", a.job_id)
 
 
 def start_error(a: JobCore, answers: list[bool]) -> StartJobError | None:
@@ -155,7 +173,7 @@ def adopt(a: JobCore, rows: list[StoredStart], host_of: dict[str, str]) -> list[
             start = StepStart(row.step_id, row.type, row.stage, max(1, row.attempt),
                               row.request_json)  # fmt: skip
             a.window.adopt(start, host)
-            a.watch(host, None)
+            a.watch(host, a.hosts.known_incarnation(host))
         else:
             rest.append(to_start(row))
     return rest

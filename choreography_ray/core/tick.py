@@ -43,6 +43,8 @@ async def pump(a: JobCore) -> None:
         return
     if a.job_state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
         return
+    if a.timers.due("running"):
+        await stage_flow.save_running(a)
     if a.timers.due("starts"):
         await dispatch.retry_failed_starts(a)
     if a.timers.due("admission") and a.mode is Mode.AWAITING_ADMISSION:
@@ -99,7 +101,10 @@ async def _stopping(a: JobCore) -> None:
 
 async def _running(a: JobCore) -> None:
     """Lost reports are settled, failed starts retried, expired leases restarted, admission
-    asked again, and a stage that storage holds done moves on."""
+    asked again, and a stage that storage holds done moves on. Start's RUNNING save, when
+    owed, is saved first."""
+    if a.timers.armed("running"):
+        await stage_flow.save_running(a)
     if a.job_state.status is not JobStatus.RUNNING:
         return
     stage = a.job_state.stage

@@ -60,6 +60,8 @@ class RayHosts:
         #: Per shape, how many hosts the owner has created and Ray not placed yet.
         self._coming: dict[str, int] = {}
         self._owner: Any = None
+        #: Per host, the incarnation that last answered a start or listed the job's steps.
+        self._incarnations: dict[str, str] = {}
         #: Per job, the hosts its last fenced `running` asked: they lift the fence.
         self._fenced: dict[str, list[str]] = {}
         #: Kills of released dedicated step actors in flight.
@@ -160,13 +162,18 @@ class RayHosts:
             raise StepHostUnknownError(
                 f"step host {host} did not answer a start of job {job_id} in {START_SECONDS:g} s"
             ) from None
+        self._incarnations[host] = str(incarnation)
         return str(incarnation)
+
+    def known_incarnation(self, host: str) -> str | None:
+        return self._incarnations.get(host)
 
     def _forget(self, host: str) -> None:
         """A host that is gone (it left when idle, or its node did): a pool's gets no more
         steps until the pools' owner names it again; a shared one is created again when a
         step is next placed on it."""
         self.handles.pop(host, None)
+        self._incarnations.pop(host, None)
         for hosts in self._pools.values():
             if host in hosts:
                 hosts.remove(host)
@@ -209,7 +216,8 @@ class RayHosts:
                     f"step host {name} did not answer which steps of job {job_id} it runs: "
                     f"{answer!r}"
                 )
-            running.update(dict.fromkeys(answer, name))
+            steps, self._incarnations[name] = answer
+            running.update(dict.fromkeys(steps, name))
         return running
 
     async def _placed(self, job_id: str) -> list[str]:

@@ -463,8 +463,12 @@ class StepHost:
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)
 
-    async def running_steps(self, job_id: str, fence: bool = False, epoch: int = 0) -> list[str]:
-        return await self.core.running_steps(job_id, fence, epoch)
+    async def running_steps(
+        self, job_id: str, fence: bool = False, epoch: int = 0
+    ) -> tuple[list[str], str]:
+        """The job's steps running here (`StepHostCore.running_steps`), and this host's
+        incarnation: the job watches the incarnation that listed them."""
+        return await self.core.running_steps(job_id, fence, epoch), self.core.incarnation
 
     async def lift_fence(self, job_id: str) -> None:
         await self.core.fences.lift(job_id)

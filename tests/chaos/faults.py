@@ -389,7 +389,7 @@ def _host_for(world: ChaosCluster, job_id: str, pick: float) -> dict[str, Any] |
     for host in hosts:
         try:
             handle = ray.get_actor(host["Name"], namespace=world.namespace)
-            if ray.get(handle.running_steps.remote(job_id), timeout=5):
+            if ray.get(handle.running_steps.remote(job_id), timeout=5)[0]:
                 busy.append(host)
         except Exception as error:
             # A host that cannot be asked (restarting, or gone) is not a busy one to kill.

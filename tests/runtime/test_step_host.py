@@ -44,7 +44,10 @@ def step_hosts() -> list[Any]:
 
 def held_by_hosts(job_id: str) -> int:
     """How many of the job's steps the step hosts still hold (running or reporting)."""
-    return sum(len(ids) for ids in ray.get([h.running_steps.remote(job_id) for h in step_hosts()]))
+    return sum(
+        len(ids)
+        for ids, _incarnation in ray.get([h.running_steps.remote(job_id) for h in step_hosts()])
+    )
 
 
 def held_jobs() -> set[str]:
@@ -250,7 +253,7 @@ def test_fence__waits_for_a_later_attempts_running_write_then_lists_it(  # type:
         )
         with write_lock(storage_url) as locked:
             started = host.start_steps.remote(job_id, context, starts("b", 2))
-            assert ray.get(host.running_steps.remote(job_id), timeout=WAIT) == ["a"]
+            assert ray.get(host.running_steps.remote(job_id), timeout=WAIT)[0] == ["a"]
             fenced = host.running_steps.remote(job_id, True)
             ready, _ = ray.wait([fenced], timeout=1.0)
             assert not ready, "the fenced ask answered before the RUNNING write was stored"
@@ -260,7 +263,7 @@ def test_fence__waits_for_a_later_attempts_running_write_then_lists_it(  # type:
             ).fetchone()
             assert row == (cr.StepStatus.FAILED.value, 1)
 
-        assert sorted(ray.get(fenced, timeout=WAIT)) == ["a", "b"]
+        assert sorted(ray.get(fenced, timeout=WAIT)[0]) == ["a", "b"]
         assert ray.get(started, timeout=WAIT)[0] == 1
         assert stored(storage_url, job_id, "b") == (cr.StepStatus.RUNNING, 2)
     finally:
@@ -278,7 +281,7 @@ def test_fence__refuses_a_start_still_waiting_for_room(ray_cluster, storage_url)
         )
         waiting = host.start_steps.remote(job_id, context, starts("b", 2))  # no room for it
 
-        assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
+        assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT)[0] == ["a"]
         with pytest.raises(ray.exceptions.RayTaskError, match="reactivated"):
             ray.get(waiting, timeout=WAIT)
         ray.get(host.lift_fence.remote(job_id), timeout=WAIT)
@@ -305,7 +308,7 @@ def test_epochs__a_start_of_an_older_activation_is_refused_once_a_newer_one_aske
         assert ray.get(started, timeout=WAIT)[0] == 1
         waiting = host.start_steps.remote(job_id, context, starts("b", 2), labels, 5)
 
-        assert ray.get(host.running_steps.remote(job_id, False, 6), timeout=WAIT) == ["a"]
+        assert ray.get(host.running_steps.remote(job_id, False, 6), timeout=WAIT)[0] == ["a"]
         with pytest.raises(ray.exceptions.RayTaskError, match="StaleActivationError"):
             ray.get(waiting, timeout=WAIT)
         late = host.start_steps.remote(job_id, context, starts("b", 2), labels, 5)
@@ -330,7 +333,7 @@ def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, st
         assert (
             ray.get(host.start_steps.remote(job_id, context, starts("a", 2)), timeout=WAIT)[0] == 1
         )
-        assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT) == ["a"]
+        assert ray.get(host.running_steps.remote(job_id, True), timeout=WAIT)[0] == ["a"]
 
         assert ray.get(host.cancel_steps.remote(job_id), timeout=WAIT) == 1  # "a" ends
         eventually(
@@ -339,7 +342,7 @@ def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, st
             "the outcome's write to wait for the fence",
         )
         assert stored(storage_url, job_id, "a") == (cr.StepStatus.RUNNING, 2)
-        assert ray.get(host.running_steps.remote(job_id), timeout=WAIT) == ["a"]
+        assert ray.get(host.running_steps.remote(job_id), timeout=WAIT)[0] == ["a"]
 
         ray.get(host.lift_fence.remote(job_id), timeout=WAIT)
         eventually(
@@ -347,6 +350,6 @@ def test_fence__holds_the_jobs_outcome_writes_until_it_is_lifted(ray_cluster, st
             WAIT,
             "the success written (the record deleted) once the fence is lifted",
         )
-        eventually(lambda: not ray.get(host.running_steps.remote(job_id)), WAIT, "a let go")
+        eventually(lambda: not ray.get(host.running_steps.remote(job_id))[0], WAIT, "a let go")
     finally:
         ray.kill(host)

@@ -109,6 +109,8 @@ class FakeHosts:
         #: Fault: the next this many `running` calls fence the job's hosts, then raise (one
         #: host did not answer).
         self.running_errors = 0
+        #: Per host, the incarnation that last answered a start or `running`.
+        self.answered: dict[str, str] = {}
         #: Every watch call made, as (host, incarnation).
         self.watches: list[tuple[str, str | None]] = []
         #: Fault: the next this many start operations' hosts restart right after answering
@@ -165,7 +167,7 @@ class FakeHosts:
         on_host = asyncio.ensure_future(self._start(host, job_id, batch, epoch))
         on_host.add_done_callback(lambda done: done.cancelled() or done.exception())
         await asyncio.shield(on_host)
-        incarnation = self.incarnation(host)
+        incarnation = self.answered[host] = self.incarnation(host)
         if self.restart_after_answer > 0:
             self.restart_after_answer -= 1
             self.restart(host)
@@ -241,11 +243,16 @@ class FakeHosts:
         if self.running_errors > 0:
             self.running_errors -= 1
             raise StepHostUnknownError("a host did not answer (fault injected on purpose)")
-        return {
+        running = {
             step_id: host
             for (host, step_id), run in self.runs.items()
             if run.job_id == job_id and host not in self.dead
         }
+        self.answered.update((host, self.incarnation(host)) for host in running.values())
+        return running
+
+    def known_incarnation(self, host: str) -> str | None:
+        return self.answered.get(host)
 
     async def watch(self, host: str, incarnation: str | None) -> None:
         self.watches.append((host, incarnation))

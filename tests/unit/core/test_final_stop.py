@@ -226,17 +226,16 @@ def test_recover__a_stop_carried_on_counts_unread_steps_when_reading_them_fails(
     activations.run(scenario)
 
 
-@issue_35("steps adopted after a restart are watched with incarnation None: a watch call that "
-          "fails attaches to the host's next incarnation and never fires")  # fmt: skip
 def test_recover__adopted_steps_whose_host_restarts_while_watched_are_stopped(
     activations: Activations, fast_backoff: object
 ) -> None:
-    """A reactivation adopts two steps running on host-0 and watches it with incarnation None
-    (`stage_flow.adopt`). The watch call is in flight when host-0 restarts and raises (as Ray's
+    """A reactivation adopts two steps running on host-0 and watches it (`stage_flow.adopt`).
+    The watch call is in flight when host-0 restarts and raises (as Ray's
     ActorUnavailableError does for a restarting actor: the fake raises it once the call
-    lands after the restart); asked again with None, the watch attaches to the new incarnation
-    and never fires. The steps are gone, the job holds them ACTIVE: with leases off a stop
-    waits for them for ever."""
+    lands after the restart), and is asked again. Were it asked with incarnation None (it
+    was, before issue 35), it would attach to the new incarnation and never fire: the steps
+    gone, the job holding them ACTIVE, a stop with leases off waiting for them for ever. It
+    names the incarnation that listed the steps, which is gone."""
 
     async def scenario() -> None:
         h, hosts, _storage = await new_job(activations, [2], shared_hosts=1)
@@ -247,8 +246,10 @@ def test_recover__adopted_steps_whose_host_restarts_while_watched_are_stopped(
         await h.settle()  # the watch call is on its way to host-0
         hosts.restart("host-0")
         gate.set()
-        await eventually(lambda: hosts.watches.count(("host-0", None)) == 2,
+        # The first activation's watch, this one's, and this one's asked again.
+        await eventually(lambda: [w[0] for w in hosts.watches].count("host-0") == 3,
                          what="the watch asked again")  # fmt: skip
+        assert hosts.watches[-2:] == [("host-0", "host-0#0")] * 2
         await h.c.stop()
         await hosts.stop_cancelled()
         await h.settle()
@@ -259,18 +260,16 @@ def test_recover__adopted_steps_whose_host_restarts_while_watched_are_stopped(
     activations.run(scenario)
 
 
-@issue_35("dispatch.answered runs host_lost before window.answered: when it raises, the batch "
-          "stays STARTING, unwatched and outside lost-report settling")  # fmt: skip
 def test_stop__a_start_answered_by_a_restarted_host_is_settled_when_the_loss_fails(
     activations: Activations,
 ) -> None:
     """Steps 0 and 1 run on host-0; step 0 ends and step 2's start waits on host-0 while it
     restarts (step 1 dies with it) and the job stops. Step 2's start is answered by the new
-    incarnation before the watch tells the job (the watch is late): `answered` runs
-    `host_lost` first, whose read of step 1 (`get_steps`) fails, so step 2 stays STARTING, is
-    never told to stop, and is outside the watchdog's lost-report settling. Once the watch
-    tells the job, step 1 is stored STOPPED; step 2 succeeds, its report lost, and the stop
-    waits for it for ever."""
+    incarnation before the watch tells the job (the watch is late), and the handling of step
+    1's loss fails (its read, `get_steps`). Before issue 35 `answered` ran that loss before
+    it answered the batch, so step 2 stayed STARTING, never told to stop and outside the
+    watchdog's lost-report settling: step 2 succeeding with its report lost, the stop waited
+    for ever. Now the batch is answered first and the loss is handled again later."""
 
     async def scenario() -> None:
         h, hosts, storage = await new_job(
@@ -378,14 +377,14 @@ def test_host__a_loss_whose_refresh_fails_is_handled_once_and_its_steps_start_ag
     activations.run(scenario)
 
 
-@issue_35("in IDLE after a failed RUNNING save, a failure with attempts left counts as final")
 def test_start__a_failure_with_attempts_left_is_retried_after_the_running_save_failed(
     activations: Activations,
 ) -> None:
-    """The first wave started, then start's RUNNING save failed: the activation is IDLE (the
-    watchdog finishes startup through a resume) while its steps run. Step 0 fails at attempt
-    1 of 2: `settle` retries only when `live`, so the failure counts as final, and the resume
-    reads it FAILED from storage. The job completes with a failure it had an attempt left for."""
+    """The first wave started, then start's RUNNING save failed. Step 0 fails at attempt 1 of
+    2. Before issue 35 the activation went IDLE (the watchdog finishing startup through a
+    resume) while its steps ran, `settle` retried only when `live`, so the failure counted as
+    final and the job completed with a failure it had an attempt left for. Now it keeps
+    driving its steps in RUNNING, the save owed (the watchdog's tick saves it)."""
 
     async def scenario() -> None:
         h, hosts, storage = await new_job(activations, [2], max_step_attempts=2)
@@ -396,7 +395,7 @@ def test_start__a_failure_with_attempts_left_is_retried_after_the_running_save_f
         gate.set()
         with pytest.raises(StorageError):
             await start
-        assert h.c.mode is Mode.IDLE
+        assert h.c.mode is Mode.RUNNING  # it drives its steps, the save owed
 
         await hosts.finish("000000", FAILED, "attempt 1")
         await h.settle()
