@@ -60,8 +60,9 @@ from choreography_ray.storage import Storage
 
 log = get_logger(__name__)
 
-#: The turns of the operations that can take a job out of rest again.
-REOPENING = ("start: prepare", "resume", "recover", "retry failed steps")
+#: The turns of the operations a caller waits on: those that can take a job out of rest again,
+#: and a stop or removal (its caller would get a Ray error from an actor that exits).
+CALLED = ("start: prepare", "stop", "remove", "resume", "recover", "retry failed steps")
 
 
 class JobCore:
@@ -234,10 +235,10 @@ class JobCore:
         self.tasks.cancel_all()
 
     @property
-    def reopen_waiting(self) -> bool:
-        """Whether an operation that can reopen a job at rest waits for its turn (the exit gives
-        way to it; reports, ticks and saves never reopen one, and keep coming)."""
-        return any(self.turns.waiting[name] for name in REOPENING)
+    def caller_waiting(self) -> bool:
+        """Whether an operation a caller waits on waits for its turn (the exit gives way to it;
+        reports, ticks and saves keep coming, and nobody waits for their answer)."""
+        return any(self.turns.waiting[name] for name in CALLED)
 
     # -- start --------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The activation's mode: one value, with the table of which mode may follow which.
+"""The activation's mode: one value, with the table of which mode may follow which, and the
+table of what each operation does in each mode (`OPERATIONS`), the one guard of the flows.
 
 An activation loads its job's record, then, when its actor was restarted, recovers (carries on
 from storage as rehydration would) before it serves anything: as Orleans delivers no request
@@ -12,7 +13,16 @@ from __future__ import annotations
 
 import enum
 
-from choreography_ray.errors import IllegalTransitionError
+from choreography_ray.errors import (
+    IllegalTransitionError,
+    JobOperationError,
+    OperationErrorCode,
+    RemoveJobError,
+    ResumeJobError,
+    RetryFailedStepsError,
+    StartJobError,
+    StopJobError,
+)
 
 
 class Mode(enum.StrEnum):
@@ -108,3 +118,115 @@ def check_mode(job_id: str, old: Mode, new: Mode) -> Mode:
     if new is not old and new not in TRANSITIONS[old]:
         raise IllegalTransitionError(f"job {job_id}'s activation cannot go from {old} to {new}")
     return new
+
+
+class Op(enum.StrEnum):
+    """What is asked of an activation: a caller's operation, or one of its own turns."""
+
+    START = "start"
+    STOP = "stop"
+    REMOVE = "remove"
+    RESUME = "resume"
+    RECOVER = "recover"
+    RETRY_FAILED = "retry failed steps"
+    REPORT = "report"
+    TICK = "tick"
+    EXIT = "exit"
+
+
+class Act(enum.StrEnum):
+    """What an operation does in a mode."""
+
+    #: Carried out; its own rules read the job's status (a stop of a job whose stop an earlier
+    #: activation left is refused by its status, not its mode).
+    RUN = "run"
+    #: Answered with nothing done: the job runs here already, or there is nothing to do.
+    NOTHING = "nothing"
+    #: Refused with the operation's error (`REFUSALS`).
+    REFUSE = "refuse"
+    #: Waits until the activation serves (the calls get the load's error when it cannot).
+    WAIT = "wait"
+    #: A removal of a job whose outcome is decided: that outcome is saved first, then the job
+    #: is removed as one at rest.
+    SAVE_OWED_FIRST = "save owed first"
+    #: A recover of a stop whose `on_stopped` ran: its final save is finished, the hook not
+    #: run again.
+    FINISH_STOP = "finish stop"
+
+
+_RUN, _NOTHING, _REFUSE = Act.RUN, Act.NOTHING, Act.REFUSE
+
+
+def _row(
+    idle: Act,
+    preparing: Act,
+    driving: Act,
+    stopping: Act,
+    finishing: Act,
+    owes: Act,
+    at_rest: Act,
+    removed: Act,
+) -> dict[Mode, Act]:
+    """One operation's row over the serving modes (`driving`: RUNNING, AWAITING_ADMISSION and
+    HOOK_OWED alike); before the activation serves, every operation waits."""
+    return {
+        Mode.LOADING: Act.WAIT,
+        Mode.RECOVERING: Act.WAIT,
+        Mode.UNLOADED: Act.WAIT,
+        Mode.IDLE: idle,
+        Mode.PREPARING: preparing,
+        Mode.RUNNING: driving,
+        Mode.AWAITING_ADMISSION: driving,
+        Mode.HOOK_OWED: driving,
+        Mode.STOPPING: stopping,
+        Mode.FINISHING_STOP: finishing,
+        Mode.OWES_STATUS: owes,
+        Mode.AT_REST: at_rest,
+        Mode.REMOVED: removed,
+    }
+
+
+#: What each operation does in each mode. docs/decisions.md has it as a table.
+OPERATIONS: dict[Op, dict[Mode, Act]] = {
+    #              idle    preparing driving  stopping finishing owes    at rest  removed
+    Op.START: _row(_RUN, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE),
+    Op.STOP: _row(_RUN, _RUN, _RUN, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE),
+    Op.REMOVE: _row(_RUN, _RUN, _RUN, _RUN, _RUN, Act.SAVE_OWED_FIRST, _RUN, _REFUSE),
+    Op.RESUME: _row(_RUN, _NOTHING, _NOTHING, _RUN, _RUN, _NOTHING, _RUN, _REFUSE),
+    Op.RECOVER: _row(_RUN, _NOTHING, _NOTHING, _RUN, Act.FINISH_STOP, _NOTHING, _NOTHING, _NOTHING),
+    Op.RETRY_FAILED: _row(_REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _RUN, _REFUSE),
+    Op.REPORT: _row(_RUN, _RUN, _RUN, _RUN, _RUN, _RUN, _RUN, _RUN),
+    Op.TICK: _row(_RUN, _NOTHING, _RUN, _RUN, _RUN, _NOTHING, _NOTHING, _NOTHING),
+    Op.EXIT: _row(_NOTHING, _NOTHING, _NOTHING, _NOTHING, _NOTHING, _NOTHING, _RUN, _RUN),
+}
+# The recovery on reactivation is the one operation RECOVERING serves; an activation that
+# could not load exits.
+OPERATIONS[Op.RECOVER][Mode.RECOVERING] = Act.RUN
+OPERATIONS[Op.EXIT][Mode.UNLOADED] = Act.RUN
+
+#: The spec's error of each operation that can be refused.
+REFUSALS: dict[Op, OperationErrorCode] = {
+    Op.START: StartJobError.JOB_ALREADY_EXISTS,
+    Op.STOP: StopJobError.JOB_IS_NOT_RUNNING,
+    Op.REMOVE: RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED,
+    Op.RESUME: ResumeJobError.JOB_IS_BEING_REMOVED,
+    Op.RETRY_FAILED: RetryFailedStepsError.JOB_IS_NOT_COMPLETED_WITH_FAILURES,
+}
+
+#: How a refusal names the mode that refused.
+_SAYS = {
+    Mode.STOPPING: "is stopping",
+    Mode.FINISHING_STOP: "is stopping",
+    Mode.OWES_STATUS: "has ended; its status is being saved",
+    Mode.REMOVED: "is removed",
+}
+
+
+def act(op: Op, mode: Mode, job_id: str, status: str) -> Act:
+    """What `op` does in `mode`: the one guard of every flow. A refused operation raises
+    JobOperationError with the spec's error, naming the job and why."""
+    action = OPERATIONS[op][mode]
+    if action is Act.REFUSE:
+        says = _SAYS.get(mode, f"is {status}")
+        raise JobOperationError(REFUSALS[op], f"job {job_id} {says}: {op} is refused")
+    return action

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from choreography_ray.core import job_record, stage_flow
-from choreography_ray.core.mode import Mode
+from choreography_ray.core.mode import OPERATIONS, Act, Mode, Op
 from choreography_ray.core.planning import (
     PLAN_WRITE,
     Feed,
@@ -39,7 +39,8 @@ log = get_logger(__name__)
 
 async def prepare(a: JobCore) -> StartJobError | None:
     state = a.job_state
-    if state.status is not JobStatus.PREPARING_JOB or state.has_plan or a.mode is not Mode.IDLE:
+    refused = OPERATIONS[Op.START][a.mode] is not Act.RUN
+    if refused or state.status is not JobStatus.PREPARING_JOB or state.has_plan:
         return StartJobError.JOB_ALREADY_EXISTS
     job = a.loaded_job
     a.enter(Mode.PREPARING)

@@ -22,11 +22,16 @@ from choreography_ray.core import (
     stop_flow,
 )
 from choreography_ray.core.messages import StepStart
-from choreography_ray.core.mode import Mode
+from choreography_ray.core.mode import Act, Mode, Op, act
 from choreography_ray.core.planning import Feed
 from choreography_ray.core.resuming import Recover, Resume
 from choreography_ray.core.stages import stored_among, stored_running
-from choreography_ray.errors import CannotResumeJobError, JobOperationError, RetryFailedStepsError
+from choreography_ray.errors import (
+    CannotResumeJobError,
+    JobOperationError,
+    ResumeJobError,
+    RetryFailedStepsError,
+)
 from choreography_ray.logs import get_logger
 from choreography_ray.model import StatusChange, StepState
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
@@ -41,24 +46,31 @@ log = get_logger(__name__)
 async def recover(a: JobCore) -> None:
     """What rehydration does to this job: resume it, or finish its stop; never both. A removed
     job has nothing left to recover; a stop whose `on_stopped` ran here owes only its save."""
-    action = resuming.recover_action(a.job_state)
-    if a.mode is Mode.REMOVED:
-        return
-    if a.mode is Mode.FINISHING_STOP:
-        await stop_flow.finish_stop(a)
-    elif action is Recover.FINISH_STOP and not a.live:
-        await stop_flow.tell_stop_again(a)
-    elif action is Recover.RESUME:
-        await resume(a, explicit=False)
+    match act(Op.RECOVER, a.mode, a.job_id, a.job_state.status):
+        case Act.FINISH_STOP:
+            await stop_flow.finish_stop(a)
+        case Act.RUN:
+            action = resuming.recover_action(a.job_state)
+            if action is Recover.FINISH_STOP:
+                await stop_flow.tell_stop_again(a)
+            elif action is Recover.RESUME:
+                await _resume(a, explicit=False)
 
 
 async def resume(a: JobCore, explicit: bool) -> None:
-    """ResumeJob (and a rehydration's resume): the counts are rebuilt from storage under the
-    fence, RUNNING is saved, steps still running on a live host are adopted, and the others
-    start once `on_before_resuming_job_steps` succeeded."""
+    """ResumeJob (and the watchdog's resume of an interrupted startup): nothing for a job
+    this activation drives already or whose outcome is decided (`mode.OPERATIONS`)."""
+    if act(Op.RESUME, a.mode, a.job_id, a.job_state.status) is Act.RUN:
+        await _resume(a, explicit)
+
+
+async def _resume(a: JobCore, explicit: bool) -> None:
+    """The counts are rebuilt from storage under the fence, RUNNING is saved, steps still
+    running on a live host are adopted, and the others start once
+    `on_before_resuming_job_steps` succeeded."""
     state = a.job_state
-    action = resuming.resume_action(state, explicit, a.live)
-    if action is Resume.NOTHING or a.mode is Mode.OWES_STATUS:  # its outcome is decided
+    action = resuming.resume_action(state, explicit)
+    if action is Resume.NOTHING:
         return
     if action is Resume.MISSING_PLAN:
         message = "the job was interrupted before its step plan was stored"
@@ -69,12 +81,14 @@ async def resume(a: JobCore, explicit: bool) -> None:
                 a, JobStatus.FAILED, message, str(CannotResumeJobError.MISSING_STEP_PLAN)
             )
         raise JobOperationError(CannotResumeJobError.MISSING_STEP_PLAN, message)
+    # R43: a stopped job whose explicit resume's hook throws is stopped again.
+    stopped = explicit and state.status is JobStatus.STOPPED
     # Every read before the first change: a failed read leaves the activation as it was.
     async with host_watch.fenced(a) as host_of:
         counts = await a.storage.count_by_status(a.job_id)
         running = await stored_running(a.storage, a.job_id, state.stage, host_of)
-        stopped = a.counting.stopped
-        stored = await stored_among(a.storage, a.job_id, state.stage, stopped) if stopped else set()
+        counted = a.counting.stopped
+        stored = await stored_among(a.storage, a.job_id, state.stage, counted) if counted else set()
     # The counts the resume saves; the activation goes back to them when the save fails.
     stages, counting = copy.deepcopy(a.stages), copy.deepcopy(a.counting)
     a.stages.recount(counts)
@@ -101,14 +115,19 @@ async def resume(a: JobCore, explicit: bool) -> None:
     a.plan = {state.stage: stage_flow.adopt(a, running, host_of)}
     a.feed = Feed(state.stage, skip={row.step_id for row in running})
     a.enter(Mode.RUNNING)
-    await run_resume_hook(a)
+    await run_resume_hook(a, stop_on_failure=stopped)
 
 
-async def run_resume_hook(a: JobCore) -> None:
+async def run_resume_hook(a: JobCore, stop_on_failure: bool = False) -> None:
+    """`on_before_resuming_job_steps`, then the stage's steps start. When it throws, the job
+    stays RUNNING and the watchdog asks again with backoff; an explicit resume of a stopped job
+    (`stop_on_failure`) is stopped again instead, and the resume answers the hook's error."""
     try:
         await a.loaded_job.on_before_resuming_job_steps()
     except Exception as error:
         log.warning("job %s: on_before_resuming_job_steps failed: %s", a.job_id, error)
+        if stop_on_failure:
+            await stop_again(a, error)
         a.enter(Mode.HOOK_OWED)
         a.hook_backoff.failed()
         return
@@ -119,6 +138,23 @@ async def run_resume_hook(a: JobCore) -> None:
         stage = a.stages.first()
     await stage_flow.begin_stage(a, stage)
     a.kick()
+
+
+async def stop_again(a: JobCore, error: Exception) -> None:
+    """R43 (docs/decisions.md): "A job reverted to `Stopped` ... is never resumed by the
+    watchdog." The job is stopped as a stop would (its adopted steps told, the others counted
+    stopped), and the resume raises. When STOPPED cannot be saved, the job stays RUNNING with
+    its hook owed (the watchdog asks again), and the resume raises all the same."""
+    message = f"on_before_resuming_job_steps of job {a.job_id} failed: {error}"
+    try:
+        await job_record.set_status(a, JobStatus.STOPPED, stop_finalized=False)
+    except Exception as save_error:
+        log.warning("job %s: saving it stopped again after its resume hook failed failed (the "
+                    "watchdog asks the hook again): %s", a.job_id, save_error)  # fmt: skip
+        raise JobOperationError(ResumeJobError.UNKNOWN, message) from error
+    await stop_flow.halt_and_tell(a, removing=False)
+    message += "; the job is stopped again"
+    raise JobOperationError(ResumeJobError.UNKNOWN, message) from error
 
 
 async def retry_failed(
@@ -132,6 +168,7 @@ async def retry_failed(
     before is not run again (docs/decisions.md)."""
     state = a.job_state
     resuming.check_retry_failed(a.loaded_job, state)
+    act(Op.RETRY_FAILED, a.mode, a.job_id, state.status)
     failed = [
         StepStart(s.step_id, s.type, s.stage, s.attempt + 1, json.dumps(s.request))
         for s in await selected_failures(a, signature, step_ids)

@@ -26,14 +26,15 @@ class Resume(enum.Enum):
     RESUME = enum.auto()
 
 
-def resume_action(state: JobState, explicit: bool, live: bool) -> Resume:
+def resume_action(state: JobState, explicit: bool) -> Resume:
+    """What a resume of a job this activation does not drive does, by its status."""
     status = state.status
     if status in (JobStatus.COMPLETED_SUCCESSFULLY, JobStatus.COMPLETED_WITH_FAILURES):
         return Resume.NOTHING  # resuming a completed job does nothing
     if status is JobStatus.REMOVING:
         raise JobOperationError(ResumeJobError.JOB_IS_BEING_REMOVED)
-    if live or (not explicit and status in (JobStatus.STOPPED, JobStatus.FAILED)):
-        return Resume.NOTHING  # running here already; a stopped job resumes only when asked
+    if not explicit and status in (JobStatus.STOPPED, JobStatus.FAILED):
+        return Resume.NOTHING  # a stopped job resumes only when asked
     if not state.has_plan:
         return Resume.MISSING_PLAN
     return Resume.RESUME

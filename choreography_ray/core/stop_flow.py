@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from choreography_ray.core import host_watch, job_record, settling, stage_flow, stopping
 from choreography_ray.core.messages import StepStart
-from choreography_ray.core.mode import STOPPING, Mode
+from choreography_ray.core.mode import STOPPING, Act, Mode, Op, act
 from choreography_ray.core.planning import FEED_STATUSES
 from choreography_ray.core.stages import stored_running
 from choreography_ray.core.watchdog import stored_outcome
@@ -30,12 +30,7 @@ log = get_logger(__name__)
 async def stop(a: JobCore) -> None:
     """StopJob: STOPPED is saved first; then the steps are told, and the stop is final once
     each has reported it."""
-    if a.mode is Mode.OWES_STATUS:
-        # Its outcome is decided (its hooks ran): only the save of it is owed.
-        raise JobOperationError(
-            StopJobError.JOB_IS_NOT_RUNNING,
-            f"job {a.job_id} has ended ({a.job_state.status}); its status is being saved",
-        )
+    act(Op.STOP, a.mode, a.job_id, a.job_state.status)
     stopping.refuse_stop(a.job_state)
     try:
         await job_record.set_status(a, JobStatus.STOPPED, stop_finalized=False)
@@ -47,14 +42,11 @@ async def stop(a: JobCore) -> None:
 async def remove(a: JobCore) -> None:
     """RemoveJob: as a stop, with REMOVING saved first; once every step has reported, the
     job's records are removed."""
-    if a.mode is Mode.OWES_STATUS:
-        # Its outcome is decided: saved first, then the ended job is removed.
+    if act(Op.REMOVE, a.mode, a.job_id, a.job_state.status) is Act.SAVE_OWED_FIRST:
         try:
             await stage_flow.save_owed(a)
         except Exception as error:
             raise JobOperationError(RemoveJobError.UNKNOWN, str(error)) from error
-    if a.mode is Mode.REMOVED:
-        raise JobOperationError(RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED)
     if a.job_state.status is JobStatus.REMOVING:
         if a.window.in_flight():
             raise JobOperationError(RemoveJobError.JOB_IS_ALREADY_BEING_REMOVED)

@@ -22,7 +22,7 @@ from choreography_ray.core import (
     stop_flow,
     stopping,
 )
-from choreography_ray.core.mode import STEPPING, STOPPING, Mode
+from choreography_ray.core.mode import STEPPING, Act, Mode, Op, act
 from choreography_ray.core.watchdog import stage_done_in_storage
 from choreography_ray.core.window import RunState
 from choreography_ray.status import JobStatus
@@ -61,22 +61,15 @@ async def pump(a: JobCore) -> None:
 
 
 async def tick(a: JobCore) -> None:
-    """The watchdog: what no report or answer will do, by mode. Saves whose answer was lost
-    are reconciled first."""
+    """The watchdog: what no report or answer will do, by mode (`mode.OPERATIONS`). Saves
+    whose answer was lost are reconciled first."""
     a.ticks += 1
-    if a.state is None or a.mode is Mode.REMOVED:
+    if a.state is None:
         return
     if a.unanswered_saves:
         await job_record.reconcile(a)
-    if a.mode is Mode.IDLE:
-        await _idle(a)
-    elif a.mode in STOPPING:
-        await _stopping(a)
-    elif a.mode is Mode.HOOK_OWED:
-        if a.hook_backoff.should_try():
-            await resume_flow.run_resume_hook(a)
-    elif a.mode in STEPPING:
-        await _running(a)
+    if act(Op.TICK, a.mode, a.job_id, a.job_state.status) is Act.RUN:
+        await _BY_MODE[a.mode](a)
 
 
 async def _idle(a: JobCore) -> None:
@@ -139,3 +132,20 @@ async def _running(a: JobCore) -> None:
         await stage_flow.restart_orphans(a, stage)
     await a.hosts.refresh()
     a.kick()
+
+
+async def _hook_owed(a: JobCore) -> None:
+    """The resume hook failed: asked again with backoff."""
+    if a.hook_backoff.should_try():
+        await resume_flow.run_resume_hook(a)
+
+
+#: What a tick does in each mode it runs in.
+_BY_MODE = {
+    Mode.IDLE: _idle,
+    Mode.RUNNING: _running,
+    Mode.AWAITING_ADMISSION: _running,
+    Mode.HOOK_OWED: _hook_owed,
+    Mode.STOPPING: _stopping,
+    Mode.FINISHING_STOP: _stopping,
+}

@@ -37,7 +37,7 @@ from choreography_ray.runtime.shared_storage import open_shared_storage
 log = get_logger(__name__)
 
 #: Seconds between an exit being asked for and the actor exiting: the call that finished the job
-#: answers first, and an operation that reopens the job (retry-failed, resume) cancels the exit.
+#: answers first, and an operation a caller waits on (a resume, a stop) runs before the exit.
 EXIT_GRACE = 1.0
 #: Seconds between two relays of the job's metrics to its manager.
 RELAY_SECONDS = 1.0
@@ -119,9 +119,9 @@ class JobActor:
                         "job %s: releasing its dedicated step actors failed", self.core.job_id
                     )
             await self._last_relay()
-            if self.core.reopen_waiting:
-                # An operation came meanwhile (a retry-failed, a resume): it runs, and the exit
-                # is asked for again, to find out whether it reopened the job.
+            if self.core.caller_waiting:
+                # An operation came meanwhile (a retry-failed, a resume, a stop): it runs and
+                # answers, and the exit is asked for again (it may have reopened the job).
                 self._exit_soon()
                 return
             self.core.close()

@@ -245,7 +245,7 @@ class ManagerCore:
             refuse_stop(state)
         elif operation == "resume":
             # Not live here: only a completed job does nothing; REMOVING raises.
-            return resume_action(state, explicit=True, live=False) is Resume.NOTHING
+            return resume_action(state, explicit=True) is Resume.NOTHING
         elif operation == "retry_failed_steps":
             try:
                 job_type = import_type(state.type, self.options.allowed_type_prefixes)

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from choreography_ray.core.mode import Mode
-from choreography_ray.errors import JobOperationError, RetryFailedStepsError, StorageError
+from choreography_ray.errors import (
+    JobOperationError,
+    ResumeJobError,
+    RetryFailedStepsError,
+    StorageError,
+)
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import StatusCounts
 from tests.unit.core.conftest import Activations
@@ -122,19 +127,60 @@ def test_resume__and_a_recover_at_once_on_a_stopped_job_resume_it_once(
     activations.run(scenario)
 
 
-def test_resume__a_hook_that_fails_is_retried_by_the_watchdog_before_any_step_starts(
+def test_resume__a_stopped_job_whose_hook_fails_is_stopped_again_and_never_resumed_by_the_watchdog(
     activations: Activations,
 ) -> None:
+    """R43 (docs/decisions.md): "A job reverted to `Stopped`, or stopped later, is never resumed
+    by the watchdog." An explicit resume of a stopped job whose `on_before_resuming_job_steps`
+    throws reverts it to Stopped (its stop final again) and answers the hook's error; a later
+    resume runs it."""
+
     async def scenario() -> None:
         h = await stopped_job(activations, [2])
         h.control("on_before_resuming_job_steps", raises=1)
-        await h.c.resume()
+        with pytest.raises(JobOperationError) as refused:
+            await h.c.resume()
+        assert refused.value.error is ResumeJobError.UNKNOWN
+        assert "on_before_resuming_job_steps" in str(refused.value)
         await h.settle()
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert stored.progress.stopped_steps == 2
+        for _ in range(3):
+            await h.c.watchdog_tick()
+            await h.settle()
+        assert h.calls["on_before_resuming_job_steps"] == 1  # the watchdog never resumed it
         assert len(h.hosts.started) == 2  # none since the stop
+
+        await h.c.resume()  # asked again, the hook succeeds
+        await h.settle()
+        assert starts_per_step(h) == {"000000": 2, "000001": 2}
+        assert (await h.all_succeed()) == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
+
+    activations.run(scenario)
+
+
+def test_recover__a_hook_that_fails_is_retried_by_the_watchdog_before_any_step_starts(
+    activations: Activations,
+) -> None:
+    """The spec: "When `OnBeforeResumingJobSteps` throws for a job that is `Running`, the job
+    stays `Running` and the watchdog retries the resume" (a rehydration's resume)."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        await h.c.start()
+        await h.settle()
+        await h.activate(reconstructed=False)  # the actor was lost while its steps ran
+        h.control("on_before_resuming_job_steps", raises=1)
+        await h.c.recover()
+        await h.settle()
+        assert (await h.status()) is JobStatus.RUNNING
+        assert h.c.mode is Mode.HOOK_OWED
         await h.c.watchdog_tick()
         await h.settle()
         assert h.calls["on_before_resuming_job_steps"] == 2
-        assert starts_per_step(h) == {"000000": 2, "000001": 2}
+        assert h.c.mode is Mode.RUNNING
+        assert (await h.all_succeed()) == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
 

@@ -50,11 +50,12 @@ def test_turns__a_turn_cancelled_while_it_waits_is_no_longer_counted() -> None:
     asyncio.run(scenario())
 
 
-def test_reopen_waiting__counts_a_resume_or_a_retry_not_a_report_a_tick_or_a_stop(
+def test_caller_waiting__counts_an_operation_a_caller_waits_on_not_a_report_a_tick_or_a_save(
     activations: Activations,
 ) -> None:
-    """What a job actor's exit gives way to (runtime/job_actor.py): only an operation that can
-    reopen the job; reports, ticks and stops keep coming and never do."""
+    """What a job actor's exit gives way to (runtime/job_actor.py): an operation whose caller
+    waits for its answer (one that can reopen the job, and a stop or removal, which would
+    otherwise die with the actor: issue 35); reports, ticks and saves keep coming and never do."""
 
     async def scenario() -> None:
         h = await activations.new(StagedJob, Plan(sizes=[1]))
@@ -63,16 +64,16 @@ def test_reopen_waiting__counts_a_resume_or_a_retry_not_a_report_a_tick_or_a_sto
             others = [
                 asyncio.create_task(core.report_outcomes([])),
                 asyncio.create_task(core.watchdog_tick()),
-                asyncio.create_task(core.stop()),
+                asyncio.create_task(core._save_progress()),
             ]
             await eventually(lambda: core.turns.waiting.total() == 3, what="three turns waiting")
-            assert not core.reopen_waiting
-            for reopening in (core.resume(), core.retry_failed_steps()):
-                task = asyncio.create_task(reopening)
-                await eventually(lambda: core.reopen_waiting, what="the reopening turn waiting")
+            assert not core.caller_waiting
+            for called in (core.resume(), core.retry_failed_steps(), core.stop(), core.remove()):
+                task = asyncio.create_task(called)
+                await eventually(lambda: core.caller_waiting, what="the called turn waiting")
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                assert not core.reopen_waiting
+                assert not core.caller_waiting
         await asyncio.gather(*others, return_exceptions=True)
 
     activations.run(scenario)
