@@ -146,6 +146,10 @@ class PoolRules:
         steps: Counter[str] = Counter()
         spec: dict[str, PoolDemand] = {}
         for (shape, _job), (d, _at) in self._current(now).items():
+            if not d.steps:
+                # A job that holds none of the shape's steps (between stages, or done) asks for
+                # no host, `min_hosts` included: its hosts leave once idle.
+                continue
             steps[shape] += d.steps
             known = spec.get(shape)
             spec[shape] = d if known is None else _wider(known, d)

@@ -121,6 +121,13 @@ class SecondShapeStep(EmbedStep):
     resources = {"num_gpus": 1, "memory": 1_000_000}
 
 
+class OwnShapeStep(EmbedStep):
+    """A third shape over the same GPUs (1 GPU and 2 MB of memory each), for one test alone:
+    every host of it is made for that test's job, never left by an earlier one."""
+
+    resources = {"num_gpus": 1, "memory": 2_000_000}
+
+
 class BrokenGpuStep(cr.JobStep[Doc]):
     """A GPU-shaped type whose every batch raises, as on a GPU gone bad after `setup`: each
     records its host's process and instance first."""
@@ -149,6 +156,7 @@ STEP_TYPES = {
     "rated": RatedStep,
     "unplaceable": UnplaceableStep,
     "second-shape": SecondShapeStep,
+    "own-shape": OwnShapeStep,
 }
 
 

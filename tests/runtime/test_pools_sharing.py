@@ -25,13 +25,14 @@ PROMPTLY = 45
 
 @pytest.fixture
 def free_gpus(ray_cluster: None) -> Iterator[None]:
-    """Both GPUs free: the pool hosts earlier tests left are gone."""
-    _end_pool_hosts()
-    eventually(
-        lambda: ray.available_resources().get("GPU", 0) == 2,
-        timeout=30,
-        what="both GPUs free",
-    )
+    """Both GPUs free: the pool hosts earlier tests left are gone (ended again while an
+    earlier job's last demand, current for a few seconds, has the owner make them again)."""
+
+    def free() -> bool:
+        _end_pool_hosts()
+        return ray.available_resources().get("GPU", 0) == 2
+
+    eventually(free, timeout=30, what="both GPUs free", every=1.0)
     yield
 
 

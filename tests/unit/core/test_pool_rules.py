@@ -243,13 +243,17 @@ def test_wanted__steps_over_credit_rounded_up() -> None:
     rules.say("job", [demand(GPU, CREDIT + 1)], 0.0)
     assert rules.wanted(0.0)[shape_name(GPU)][0] == 2
     rules.say("job", [demand(GPU, 0)], 0.0)
-    assert rules.wanted(0.0)[shape_name(GPU)][0] == 0
+    assert rules.wanted(0.0) == {}
 
 
-def test_wanted__min_hosts_while_the_shape_is_in_use_max_hosts_caps() -> None:
+def test_wanted__min_hosts_while_a_job_holds_steps_of_the_shape_max_hosts_caps() -> None:
     rules = PoolRules()
-    rules.say("job", [demand(GPU, 0, min_hosts=2)], 0.0)
+    rules.say("job", [demand(GPU, 1, min_hosts=2)], 0.0)
     assert rules.wanted(0.0)[shape_name(GPU)][0] == 2
+    # Done (or between stages), it holds none: no host is wanted, min_hosts included, so
+    # hosts ended meanwhile are not made again for it.
+    rules.say("job", [demand(GPU, 0, min_hosts=2)], 0.0)
+    assert rules.wanted(0.0) == {}
     rules.say("job", [demand(GPU, 1000, max_hosts=3)], 0.0)
     assert rules.wanted(0.0)[shape_name(GPU)][0] == 3
 
@@ -257,17 +261,17 @@ def test_wanted__min_hosts_while_the_shape_is_in_use_max_hosts_caps() -> None:
 def test_wanted__two_jobs_of_a_shape_take_the_widest_bounds_and_add_their_steps() -> None:
     rules = PoolRules()
     rules.say("a", [demand(GPU, 10 * CREDIT, min_hosts=1, max_hosts=3)], 0.0)
-    rules.say("b", [demand(GPU, 0, min_hosts=2, max_hosts=5)], 0.0)
+    rules.say("b", [demand(GPU, 1, min_hosts=2, max_hosts=5)], 0.0)
     want, d = rules.wanted(0.0)[shape_name(GPU)]
     assert (want, d.min_hosts, d.max_hosts) == (5, 2, 5)
     rules.say("c", [demand(GPU, 1)], 0.0)  # no max_hosts: no cap
     assert rules.wanted(0.0)[shape_name(GPU)][0] == 11
 
 
-def test_plan__min_hosts_are_made_with_no_steps_and_max_hosts_caps_a_roomy_cluster() -> None:
+def test_plan__min_hosts_are_made_for_one_step_and_max_hosts_caps_a_roomy_cluster() -> None:
     total = {"n1": {"GPU": 8.0, "CPU": 8.0}}
     rules = PoolRules()
-    rules.say("job", [demand(GPU, 0, min_hosts=2)], 0.0)
+    rules.say("job", [demand(GPU, 1, min_hosts=2)], 0.0)
     assert len(rules.plan(total, total, 0.0).create) == 2
 
     rules = PoolRules()
