@@ -326,16 +326,8 @@ class ManagerCore:
         return await asyncio.shield(self._rehydration)
 
     async def _prepare(self) -> builtins.list[str]:
-        jobs = await self.storage.get_jobs_excluding_finalized_stops(
-            self.key.scope, self.key.namespace
-        )
-        snapshot = [
-            j.id
-            for j in sorted(jobs, key=lambda j: j.created)
-            if j.status in REHYDRATED_JOB
-            and not (j.status is JobStatus.STOPPED and j.stop_finalized)
-            and j.id not in self._starting
-        ]
+        jobs = await self.storage.list_unsettled_jobs(self.key.scope, self.key.namespace)
+        snapshot = [j.id for j in jobs if j.id not in self._starting]
         self._drain = self.tasks.spawn("drain", self._drain_jobs(snapshot))
         return snapshot
 

@@ -23,10 +23,12 @@ late on a busy machine).
 
 Beyond the spec (its known limitation): every `reconciliation_interval` it looks for jobs stored
 as running whose job actor does not exist, and has their manager rehydrate them, so a lost
-acknowledgement cannot leave a job idle.
+acknowledgement cannot leave a job idle. A pass reads each key's unsettled jobs (one indexed
+query) and lists Ray's named actors once, so its cost follows the jobs that can need it, not
+every job ever stored nor one lookup per job.
 
 Every background task is named (`core.turns.Supervisor`); every blocking Ray call (the node
-table, actor lookups, the KV) runs in a thread, never on the actor's event loop.
+table, the named actors, the KV) runs in a thread, never on the actor's event loop.
 """
 
 from __future__ import annotations
@@ -47,11 +49,10 @@ from choreography_ray.logs import configure_actor, get_logger
 from choreography_ray.model import JobsManagerKey
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
-from choreography_ray.runtime.membership import actor_exists, node_table
+from choreography_ray.runtime.membership import named_actors, node_table
 from choreography_ray.runtime.names import RECOVERY, job_name
 from choreography_ray.runtime.shared_storage import open_shared_storage, shared_scheduler_storage
 from choreography_ray.scheduler.keys import ScheduledKeys
-from choreography_ray.status import REHYDRATED_JOB, JobStatus
 from choreography_ray.storage import redact_url
 from choreography_ray.types import import_type
 
@@ -325,33 +326,21 @@ class RecoveryCore:
 
     async def reconcile(self) -> int:
         """Rehydrates the keys that have a job stored as live, or with an unfinished stop or
-        removal, whose job actor is gone."""
+        removal, whose job actor is gone. The jobs are read first, then Ray is asked once which
+        named actors exist, not once per job. A listing that fails raises (the task is logged
+        by name and run again): no job is taken for orphaned without a listing."""
+        unsettled = [
+            (tenant, key, names)
+            for tenant in list(self.tenants.values())
+            if tenant.options.reconciliation_seconds is not None
+            for key, names in await self._unsettled(tenant)
+        ]
+        if not unsettled:
+            return 0
+        existing = await asyncio.to_thread(named_actors, self.namespace)
         orphaned = 0
-        for tenant in list(self.tenants.values()):
-            if tenant.options.reconciliation_seconds is None:
-                continue
-            try:
-                orphaned += await self._reconcile_tenant(tenant)
-            except Exception as error:
-                # One storage that cannot be read (gone, unreachable) holds up no other.
-                log.warning("reconciling storage %s failed: %s", tenant.name, error)
-        return orphaned
-
-    async def _reconcile_tenant(self, tenant: Tenant) -> int:
-        orphaned = 0
-        for key in await tenant.keys(self._retry):
-            jobs = [
-                j
-                for status in REHYDRATED_JOB
-                for j in await tenant.storage.list_jobs(key.scope, key.namespace, status)
-                if not (j.status is JobStatus.STOPPED and j.stop_finalized)
-            ]
-            missing = [
-                j
-                for j in jobs
-                if not await asyncio.to_thread(actor_exists, job_name(j.id), self.namespace)
-            ]
-            if missing:
+        for tenant, key, names in unsettled:
+            if missing := names - existing:
                 orphaned += len(missing)
                 try:
                     await tenant.rehydrate(key)
@@ -359,6 +348,20 @@ class RecoveryCore:
                     log.warning("reconciling %s failed: %s", key, error)
                     self._retry(f"manager {key}", functools.partial(tenant.rehydrate, key))
         return orphaned
+
+    async def _unsettled(self, tenant: Tenant) -> list[tuple[JobsManagerKey, set[str]]]:
+        """The actor names of each key's unsettled jobs (one indexed query per key), for the
+        keys that have some. A storage that fails is logged, and yields the keys read before."""
+        found: list[tuple[JobsManagerKey, set[str]]] = []
+        try:
+            for key in await tenant.keys(self._retry):
+                jobs = await tenant.storage.list_unsettled_jobs(key.scope, key.namespace)
+                if jobs:
+                    found.append((key, {job_name(j.id) for j in jobs}))
+        except Exception as error:
+            # One storage that cannot be read (gone, unreachable) holds up no other.
+            log.warning("reconciling storage %s failed: %s", tenant.name, error)
+        return found
 
     def stats(self) -> dict[str, Any]:
         return {

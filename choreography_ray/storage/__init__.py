@@ -13,7 +13,8 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
                         records_counted_steps, error, created, resume_after, held, version,
                         schema_version, and status_since: when it reached its status
                         (`JobState.status_since`, derived, written with every save).
-                        Indexes: (scope, namespace, status), (status, stop_finalized),
+                        Indexes: (scope, namespace, status): `list_unsettled_jobs`',
+                        (status, stop_finalized),
                         (scope, namespace, status, status_since): the cleanup query's,
                         (created, id) for `find_jobs`' newest-first pages.
     job_steps           one record per prepared step not yet succeeded. Key: "{job_id}/{step_id}".
@@ -210,6 +211,12 @@ class Storage(Protocol):
     ) -> list[JobState]:
         """Every job of the key but STOPPED jobs whose stop is finalized (REMOVING stays),
         filtered in the query, oldest first."""
+
+    async def list_unsettled_jobs(self, scope: str, namespace: str) -> list[JobState]:
+        """The key's jobs that rehydration may need to act on: those in `REHYDRATED_JOB` but
+        STOPPED jobs whose stop is finalized (REMOVING stays), oldest first. Filtered in the
+        query, along the (scope, namespace, status) index, so its cost follows these jobs and
+        not every job the key ever finished (recovery reads it every reconciliation pass)."""
 
     async def find_jobs(
         self,

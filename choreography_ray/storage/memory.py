@@ -23,7 +23,7 @@ from choreography_ray.model import (
     check_schema_version,
     utcnow,
 )
-from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.status import REHYDRATED_JOB, JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
     JobCounts,
@@ -103,6 +103,13 @@ class MemoryStorage:
             if not (j.status == JobStatus.STOPPED and j.stop_finalized)
         ]
         return sorted(jobs, key=lambda j: j.created)
+
+    async def list_unsettled_jobs(self, scope: str, namespace: str) -> list[JobState]:
+        return [
+            j
+            for j in await self.get_jobs_excluding_finalized_stops(scope, namespace)
+            if j.status in REHYDRATED_JOB
+        ]
 
     async def find_jobs(
         self,

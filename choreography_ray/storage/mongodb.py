@@ -83,7 +83,7 @@ from choreography_ray.model import (
     step_key,
     utcnow,
 )
-from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.status import REHYDRATED_JOB, JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
     JobCounts,
@@ -284,6 +284,23 @@ class MongoStorage:
     ) -> list[JobState]:
         finalized = {"status": JobStatus.STOPPED.value, "stop_finalized": True}
         return await self._find_jobs({"scope": scope, "namespace": namespace, "$nor": [finalized]})
+
+    async def list_unsettled_jobs(self, scope: str, namespace: str) -> list[JobState]:
+        # One indexed query per status, merged: `$in` and `$nor` would be evaluated by nx in
+        # Python over every job ever stored (module docstring).
+        key = records.equal(scope=scope, namespace=namespace)
+        unfinalized = {"stop_finalized": {"$ne": True}}
+        queries = [
+            {**key, **records.equal(status=status.value),
+             **(unfinalized if status is JobStatus.STOPPED else {})}
+            for status in sorted(REHYDRATED_JOB)
+        ]  # fmt: skip
+
+        def find(db: Database[Doc]) -> list[Doc]:
+            docs = [doc for query in queries for doc in db.jobs.find(query)]
+            return sorted(docs, key=lambda doc: (str(doc.get("created")), str(doc["_id"])))
+
+        return [records.parse(JobState, "jobs", doc) for doc in await self._run(find)]
 
     async def find_jobs(
         self,

@@ -4,9 +4,11 @@ docstring says what nx-27017 implements and why the queries are spelled as they 
 
 In the URL's database, else `choreography` (fields as in `choreography_ray.storage`):
 
-    jobs                `_id` job id. Indexes (scope, namespace, status), (status, stop_finalized),
-                        (created) for `find_jobs`' newest-first pages (nx refuses `_id` in
-                        a compound index; ties on `created` are few and sorted by `_id`).
+    jobs                `_id` job id. Indexes (scope, namespace, status) for
+                        `list_unsettled_jobs` (one find per status, merged), (status,
+                        stop_finalized), (created) for `find_jobs`' newest-first pages (nx
+                        refuses `_id` in a compound index; ties on `created` are few and
+                        sorted by `_id`).
                         (scope, namespace, status, status_since). `status_since` (when the
                         job reached its status) is derived and written with every save, for the
                         cleanup query: one indexed, sorted and limited find per status, merged.

@@ -53,7 +53,7 @@ from choreography_ray.model import (
     step_key,
     utcnow,
 )
-from choreography_ray.status import JobStatus, StepStatus
+from choreography_ray.status import REHYDRATED_JOB, JobStatus, StepStatus
 from choreography_ray.storage import (
     CountedKind,
     JobCounts,
@@ -104,6 +104,8 @@ _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _START_SELECT = "SELECT step_id, type, stage, status, attempt, request, job_id FROM job_steps"
 _JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
+#: `REHYDRATED_JOB` as SQL literals: one range of the (scope, namespace, status) index each.
+_UNSETTLED = ", ".join(f"'{status.value}'" for status in sorted(REHYDRATED_JOB))
 _STEP_STATUSES = frozenset(StepStatus)
 _JOB_STATUSES = frozenset(JobStatus)
 _INSERT_STEP = f"INSERT INTO job_steps VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
@@ -185,6 +187,11 @@ class SqliteStorage:
         self, scope: str, namespace: str
     ) -> list[JobState]:
         sql = f"""{_JOB_SELECT} WHERE scope = ? AND namespace = ?
+            AND NOT (status = ? AND stop_finalized = 1) ORDER BY created, rowid"""
+        return [_job(row) for row in await self._query(sql, scope, namespace, JobStatus.STOPPED)]
+
+    async def list_unsettled_jobs(self, scope: str, namespace: str) -> list[JobState]:
+        sql = f"""{_JOB_SELECT} WHERE scope = ? AND namespace = ? AND status IN ({_UNSETTLED})
             AND NOT (status = ? AND stop_finalized = 1) ORDER BY created, rowid"""
         return [_job(row) for row in await self._query(sql, scope, namespace, JobStatus.STOPPED)]
 

@@ -8,7 +8,8 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         stop_finalized, records_counted_steps, error, created (ISO-8601, UTC),
                         version, schema_version, resume_after JSON or NULL, held, status_since
                         (fixed-width UTC ISO-8601: written with every save, never read back).
-                        Indexes: (scope, namespace, status), (status, stop_finalized),
+                        Indexes: (scope, namespace, status): `list_unsettled_jobs` reads
+                        one range per status; (status, stop_finalized),
                         (scope, namespace, status, status_since, id) for the cleanup query,
                         which reads one index range per status, each in age order, merged;
                         (created, id): `find_jobs` reads a page newest first along it.

@@ -189,6 +189,34 @@ async def test_jobs_excluding_finalized_stops__leaves_out_only_finalized_stops_o
     assert [j.id for j in found] == ["stopping", "running", "removing", "removing-final"]
 
 
+async def test_unsettled_jobs__live_and_unfinished_stops_oldest_first(storage: Storage) -> None:
+    def at(minutes: int) -> datetime:
+        return T0 + timedelta(minutes=minutes)
+
+    await storage.create_job(job("finalized", status=JobStatus.STOPPED, stop_finalized=True))
+    await storage.create_job(job("succeeded", status=JobStatus.COMPLETED_SUCCESSFULLY))
+    await storage.create_job(job("with-failures", status=JobStatus.COMPLETED_WITH_FAILURES))
+    await storage.create_job(job("failed", status=JobStatus.FAILED))
+    await storage.create_job(job("never-started", status=JobStatus.NONE))
+    await storage.create_job(job("elsewhere", scope="t", status=JobStatus.RUNNING))
+    await storage.create_job(job("removing", status=JobStatus.REMOVING, stop_finalized=True,
+                                 created=at(6)))  # fmt: skip
+    await storage.create_job(job("stopping", status=JobStatus.STOPPED, created=at(5)))
+    await storage.create_job(job("running", status=JobStatus.RUNNING, created=at(4)))
+    await storage.create_job(job("starting", status=JobStatus.STARTING_STEPS, created=at(3)))
+    await storage.create_job(job("steps", status=JobStatus.PREPARING_STEPS, created=at(2)))
+    await storage.create_job(job("preparing", status=JobStatus.PREPARING_JOB, created=at(1)))
+
+    found = await storage.list_unsettled_jobs("s", "n")
+
+    assert [j.id for j in found] == [
+        "preparing", "steps", "starting", "running", "stopping", "removing",
+    ]  # fmt: skip
+    assert found[3] == await storage.get_job("running")
+    assert [j.id for j in await storage.list_unsettled_jobs("t", "n")] == ["elsewhere"]
+    assert await storage.list_unsettled_jobs("s", "other") == []
+
+
 async def _seed_listing(storage: Storage) -> None:
     """Eight jobs a minute apart (j0 oldest); two share j4's created instant, so the id breaks
     the tie; two types, two scopes, three statuses."""

@@ -97,6 +97,7 @@ async def test_newer_schema_version__refused_by_every_read_naming_the_record(
         "get_jobs_excluding_finalized_stops": lambda: storage.get_jobs_excluding_finalized_stops(
             "s", "n"
         ),
+        "list_unsettled_jobs": lambda: storage.list_unsettled_jobs("s", "n"),
         "list_jobs_for_cleanup": lambda: storage.list_jobs_for_cleanup(
             "s", "n", [JobStatus.RUNNING], datetime.now(UTC) + timedelta(days=1), 10
         ),

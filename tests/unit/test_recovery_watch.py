@@ -1,6 +1,7 @@
 """The recovery actor's rules without Ray (issue 9, items 10 and 15): how node deaths are read
 from Ray's node table, that the membership watch survives a failing read, and that a restarted
-actor restores its registrations and runs a pass.
+actor restores its registrations and runs a pass; what a reconciliation pass asks of storage
+and Ray (issue 35).
 
 Ray's node table and internal KV are replaced by fakes here: a GCS that fails on demand is a
 fault these tests cannot cause on a real cluster. `tests/runtime/test_recovery_restart.py` and
@@ -20,8 +21,11 @@ import pytest
 import choreography_ray as cr
 from choreography_ray.client import manager_conflict
 from choreography_ray.core.retries import Backoff
+from choreography_ray.model import JobsManagerKey, JobState
 from choreography_ray.runtime import recovery
-from choreography_ray.runtime.recovery import Membership, RecoveryCore
+from choreography_ray.runtime.names import job_name
+from choreography_ray.runtime.recovery import Membership, RecoveryCore, Tenant
+from choreography_ray.status import JobStatus
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -176,6 +180,93 @@ def test_register__saves_the_registration_once(
 
     asyncio.run(main())
     assert registrations.stored == [(url, options)]
+
+
+# -- RecoveryCore: reconciliation (issue 35) -------------------------------------------------------
+
+
+@pytest.fixture
+def rehydrated(monkeypatch: pytest.MonkeyPatch) -> list[JobsManagerKey]:
+    """The keys whose manager is asked to rehydrate, recorded instead of asked."""
+    monkeypatch.setattr(recovery, "node_table", lambda: {"head": True})
+    keys: list[JobsManagerKey] = []
+
+    async def rehydrate(self: Tenant, key: JobsManagerKey) -> None:
+        keys.append(key)
+
+    monkeypatch.setattr(Tenant, "rehydrate", rehydrate)
+    return keys
+
+
+def reconcile(tmp_path: Path, jobs: dict[str, dict[str, JobStatus]]) -> int:
+    """One reconciliation pass over an SQLite storage holding `jobs` (scope: id: status)."""
+    options = cr.JobsOptions(reconciliation_interval=60).model_dump_json()
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def main() -> int:
+        core = RecoveryCore("unit", FakeRegistrations([]))  # type: ignore[arg-type]
+        tenant = core.tenants[url, options] = Tenant(url, options, "unit")
+        try:
+            for scope, statuses in jobs.items():
+                await tenant.storage.add_manager_key(JobsManagerKey(scope=scope, namespace="n"))
+                for job_id, status in statuses.items():
+                    state = JobState(id=job_id, scope=scope, namespace="n", type="pkg.mod:Job")
+                    await tenant.storage.create_job(state.with_status(status))
+            return await core.reconcile()
+        finally:
+            core.tasks.cancel_all()
+            await tenant.storage.close()
+
+    return asyncio.run(main())
+
+
+def test_reconcile__one_listing_of_named_actors__keys_with_a_job_not_listed_rehydrate(
+    rehydrated: list[JobsManagerKey], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each key's unsettled jobs are read, then Ray lists its named actors once for the pass:
+    no lookup per job. A finished job never counts, whether or not its actor is listed."""
+    listings: list[str] = []
+
+    def named_actors(namespace: str) -> set[str]:
+        listings.append(namespace)
+        return {job_name("alive"), job_name("other-alive")}
+
+    monkeypatch.setattr(recovery, "named_actors", named_actors)
+    orphaned = reconcile(tmp_path, {
+        "a": {"alive": JobStatus.RUNNING, "orphan": JobStatus.STOPPED,
+              "done": JobStatus.COMPLETED_SUCCESSFULLY},
+        "b": {"other-alive": JobStatus.PREPARING_JOB},
+    })  # fmt: skip
+    assert orphaned == 1
+    assert listings == ["unit"]
+    assert rehydrated == [JobsManagerKey(scope="a", namespace="n")]
+
+
+def test_reconcile__listing_fails__raises_and_rehydrates_nothing(
+    rehydrated: list[JobsManagerKey], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GCS that cannot list its actors leaves the pass to the task's retry: taking every job
+    for orphaned would rehydrate every key of every storage."""
+
+    def named_actors(namespace: str) -> set[str]:
+        raise ConnectionError("GCS unavailable (fake)")
+
+    monkeypatch.setattr(recovery, "named_actors", named_actors)
+    with pytest.raises(ConnectionError):
+        reconcile(tmp_path, {"a": {"running": JobStatus.RUNNING}})
+    assert rehydrated == []
+
+
+def test_reconcile__no_unsettled_job__asks_ray_nothing(
+    rehydrated: list[JobsManagerKey], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def named_actors(namespace: str) -> set[str]:
+        raise AssertionError("listed with no job to look for")
+
+    monkeypatch.setattr(recovery, "named_actors", named_actors)
+    finished = {"done": JobStatus.FAILED, "gone": JobStatus.COMPLETED_WITH_FAILURES}
+    assert reconcile(tmp_path, {"a": finished}) == 0
+    assert rehydrated == []
 
 
 # -- the manager's settings ----------------------------------------------------------------------

@@ -76,6 +76,8 @@ def test_oldest_sqlite_file__loads_with_the_specs_defaults(oldest: Path) -> None
                 "old-running",
                 "old-stopped",
             ]
+            unsettled = await storage.list_unsettled_jobs("old", "n")
+            assert [j.id for j in unsettled] == ["old-running", "old-stopped"]
 
             # status_since is filled in from each row's history: the cleanup query finds the
             # terminal job by when it completed, the running one by when it started running.
