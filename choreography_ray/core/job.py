@@ -99,9 +99,6 @@ class JobCore:
         #: The stage that waits for `admit_stage` (in AWAITING_ADMISSION).
         self.admission_stage = 0
         self.ticks = 0
-        #: Steps of a stage read before it begins, to start first: the first run's first
-        #: chunk, or the steps a resume found running nowhere.
-        self.plan: dict[int, list[StepStart]] = {}
         #: The rest of the running stage, read from storage a page at a time.
         self.feed: Feed | None = None
         self.page = feed_page(options.plan_chunk_size)

@@ -143,7 +143,7 @@ async def persist_plan(a: JobCore, source: Iterable[Any] | AsyncIterable[Any]) -
     except BaseException:
         a.stages = before
         raise
-    a.plan = {stage: first_run(kept, stage)}
+    a.window.hold(stage, first_run(kept, stage))
     # A plan that ended within the kept chunks is whole in memory: nothing to read.
     a.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=offset == len(kept))
 

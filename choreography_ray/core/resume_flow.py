@@ -112,7 +112,7 @@ async def _resume(a: JobCore, explicit: bool) -> None:
     # while the hook is owed reaches them.
     # The others start once the resume hook succeeded; until then they are the stage's
     # never-started steps (a stop counts them as stopped).
-    a.plan = {state.stage: stage_flow.adopt(a, running, host_of)}
+    a.window.hold(state.stage, stage_flow.adopt(a, running, host_of))
     a.feed = Feed(state.stage, skip={row.step_id for row in running})
     a.enter(Mode.RUNNING)
     await run_resume_hook(a, stop_on_failure=stopped)
@@ -218,7 +218,7 @@ async def retry_failed(
     # Storage drives the stages from here, as after a resume: each reads its steps without an
     # outcome, which are the retried ones and those scheduled again.
     a.window.clear()
-    a.plan, a.feed = {}, None
+    a.feed = None
     a.enter(Mode.RUNNING)
     try:
         await stage_flow.begin_stage(a, stage)

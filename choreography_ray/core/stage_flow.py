@@ -130,7 +130,7 @@ async def begin_stage(
     except Exception:
         counter.is_started = was_started
         raise
-    starts = a.plan.pop(stage, None)
+    starts = a.window.release(stage)
     if starts is None:
         starts = await adopt_stage(a, stage)
     # Steps whose type cannot be loaded fail to start, the whole stage at once: what
@@ -202,7 +202,7 @@ async def stage_done(a: JobCore, stage: int) -> None:
     after = after_stage(a.stages, stage, a.loaded_job)
     if after.unreachable:
         for later in after.unreachable:
-            a.plan.pop(later, None)
+            a.window.release(later)
         await mark_unreachable(a.storage, a.job_id, a.stages, after.unreachable)
     if after.next_stage is not None:
         await begin_stage(a, after.next_stage)

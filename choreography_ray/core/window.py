@@ -4,6 +4,8 @@ host, and when.
 Every step the activation holds is one row of one table (`Window.runs`, keyed by step id), in
 exactly one state:
 
+    HELD          read before its stage begins (a first run's first chunk, the steps a resume
+                  found running nowhere while its hook is owed): queued when the stage begins
     QUEUED        waits for the window and the throttle, in order
     STARTING      taken for a start operation not answered yet (it counts against both)
     ACTIVE        its host took it, or it was found running there: it reports its outcome
@@ -12,7 +14,8 @@ exactly one state:
     RETRY_WAIT    its next attempt waits for the retry delay (a stop counts it failed)
 
 A step leaves the table when its outcome counts (`take`), when a stop counts it as never started
-(`never_started`), or when the activation forgets its runs for a resume (`clear`). A run whose
+(`never_started`), when its stage is skipped (`release`), or when the activation forgets its
+runs for a resume (`clear`). A run whose
 attempt is a retry no host has taken yet carries `retry` (a stop counts it failed, not stopped).
 
 The job hands steps of the running stage to step hosts in batches (one start operation = one
@@ -38,6 +41,7 @@ from choreography_ray.options import JobsOptions, window_size
 
 
 class RunState(enum.StrEnum):
+    HELD = "Held"
     QUEUED = "Queued"
     STARTING = "Starting"
     ACTIVE = "Active"
@@ -52,7 +56,7 @@ IN_FLIGHT = (RunState.STARTING, RunState.ACTIVE, RunState.OWNER_LOST)
 #: stored (a step being started has nothing stored yet).
 RUNNING = (RunState.ACTIVE, RunState.OWNER_LOST)
 #: The states a stop counts (as stopped, or failed for a retry): the step never started.
-WAITING = (RunState.QUEUED, RunState.START_FAILED, RunState.RETRY_WAIT)
+WAITING = (RunState.HELD, RunState.QUEUED, RunState.START_FAILED, RunState.RETRY_WAIT)
 
 
 @dataclass(slots=True)
@@ -84,6 +88,8 @@ class Window:
     #: RETRY_WAIT runs by due time; a run that left RETRY_WAIT since is skipped when reached.
     _due: list[tuple[float, int, StepRun]] = field(default_factory=list)
     _count: Counter[RunState] = field(default_factory=Counter)
+    #: The stages whose steps were read ahead (HELD): their beginning reads no more of them.
+    _held: set[int] = field(default_factory=set)
     _ticket: Iterator[int] = field(default_factory=itertools.count)
 
     def configure(self, configured: int | None) -> None:
@@ -195,6 +201,23 @@ class Window:
 
     # -- transitions --------------------------------------------------------------------------
 
+    def hold(self, stage: int, starts: Iterable[StepStart]) -> None:
+        """The stage's steps read before it begins: HELD until `release`."""
+        self._held.add(stage)
+        for start in starts:
+            self._put(start, RunState.HELD)
+
+    def release(self, stage: int) -> list[StepStart] | None:
+        """The stage's HELD steps, out of the table (to queue, or skipped with their stage);
+        None when none were read ahead for it."""
+        if stage not in self._held:
+            return None
+        self._held.discard(stage)
+        held = [r.start for r in self.runs.values()
+                if r.state is RunState.HELD and r.start.stage == stage]  # fmt: skip
+        self.forget(start.step_id for start in held)
+        return held
+
     def queue(self, starts: Iterable[StepStart], front: bool = False) -> None:
         """The steps wait to start (at the front of the line: before those waiting already).
         A step already in the table keeps its `retry`."""
@@ -302,11 +325,13 @@ class Window:
             self._drop(step_id)
 
     def never_started(self) -> list[StepRun]:
-        """QUEUED, START_FAILED and RETRY_WAIT runs, out of the table (a stop counts them)."""
+        """HELD, QUEUED, START_FAILED and RETRY_WAIT runs, out of the table (a stop counts
+        them)."""
         left = [run for run in self.runs.values() if run.state in WAITING]
         self.forget(run.start.step_id for run in left)
         self._queues.clear()
         self._due.clear()
+        self._held.clear()
         return left
 
     def clear(self) -> None:
@@ -316,3 +341,4 @@ class Window:
         self._count.clear()
         self._queued.clear()
         self._load.clear()
+        self._held.clear()

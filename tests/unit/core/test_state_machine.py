@@ -40,7 +40,7 @@ from choreography_ray.core.messages import Outcome
 from choreography_ray.core.mode import STOPPING, Mode
 from choreography_ray.core.retries import Backoff
 from choreography_ray.core.stopping import stop_owed
-from choreography_ray.core.window import RunState
+from choreography_ray.core.window import WAITING, RunState
 from choreography_ray.errors import JobOperationError, StartJobError, StorageError
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import CountedKind
@@ -472,6 +472,16 @@ class JobMachine(RuleBasedStateMachine):
         calls = self.harness.calls
         assert calls["on_completed:ok"] - self.completed_before <= 1, dict(calls)
         assert calls["on_stopped:ok"] - self.stopped_before <= 1, dict(calls)
+
+    @invariant()
+    def a_stop_at_rest_leaves_no_step_waiting(self) -> None:
+        """Issue 35: a final stop counted every step; none is left in the run table waiting
+        (held, queued, start failed, waiting for a retry) uncounted."""
+        if self.h is None:
+            return
+        core = self.harness.c
+        if core.mode in (Mode.AT_REST, Mode.REMOVED):
+            assert not core.window.count(*WAITING), core.window.runs
 
     @invariant()
     def each_step_is_in_one_state_and_the_counts_agree(self) -> None:
