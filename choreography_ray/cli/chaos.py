@@ -107,7 +107,8 @@ def chaos(
         typer.Option(
             "--profile",
             help="ci: small jobs, 1-2 faults; soak: bigger jobs, up to 4 faults; tier: ci's "
-            "jobs, 3-4 faults; activation: soak's, with job actors killed during stops, "
+            "jobs, 3-4 faults (these three: a fault during a stop besides, one run in five); "
+            "activation: soak's, with job actors killed during stops, "
             "removals, or with their hosts; proxy (with --storage mongodb): tier's jobs, six "
             "faults of the MongoDB fault proxy only; pool: tier's, pool jobs among them on GPU "
             "worker nodes, and the pool faults (a pool host killed mid-batch, a GPU node "

@@ -14,6 +14,10 @@ public API, through actor methods Ray exposes anyway: `drop_deliveries` (the ste
 hook) and a duplicate delivery (the job actor's `report_outcomes` called again with outcomes
 the step log shows were already reported).
 
+Two faults come during a stop: the harness stops the job and, before the stop is final, a step
+host running its steps restarts (`stop_host_restart`) or reads of its steps are refused
+(`stop_storage_read_fail`, the wrapper's `refuse_reads`).
+
 In a run with pool jobs (`worker_gpus`), each worker node declares that many GPUs (Ray accepts
 them without real ones) and the head none, so pool hosts live on the workers only. The pool
 faults: a pool host killed mid-batch (`kill_pool_host`), a GPU worker removed and a new one added
@@ -110,10 +114,15 @@ MONGODB_FAULTS = (
 )
 DELIVERY_FAULTS = ("drop_deliveries", "duplicate_delivery")
 OPERATOR_ACTIONS = ("op_stop", "op_resume", "op_double_resume", "op_remove", "op_retry_failed")
+#: Faults during a stop (issue 35): the harness stops the job and, before the stop is final, a
+#: step host running its steps restarts, or reads of its steps are refused (SQLite's wrapper).
+STOP_FAULTS = ("stop_host_restart", "stop_storage_read_fail")
 KINDS = (
     PROCESS_FAULTS + NODE_FAULTS + STORAGE_FAULTS + MONGODB_FAULTS + DELIVERY_FAULTS
-    + OPERATOR_ACTIONS
+    + OPERATOR_ACTIONS + STOP_FAULTS
 )  # fmt: skip
+#: The faults whose answer is a stop's.
+STOPS = ("op_stop", *STOP_FAULTS)
 #: The pool faults, drawn by the `pool` profile only (its runs have GPU nodes and pool jobs).
 POOL_FAULTS = ("kill_pool_host", "remove_gpu_node", "unplaceable_pool")
 
@@ -122,7 +131,7 @@ POOL_FAULTS = ("kill_pool_host", "remove_gpu_node", "unplaceable_pool")
 LOSSY = frozenset(
     {
         "kill_host_ray", "kill_host_sigkill", "remove_node", "restart_cluster", *STORAGE_FAULTS,
-        *MONGODB_FAULTS, "kill_pool_host", "remove_gpu_node",
+        *MONGODB_FAULTS, "kill_pool_host", "remove_gpu_node", "stop_host_restart",
     }
 )  # fmt: skip
 #: The commands a one-shot proxy fault aims at: the writes the runtime makes.
@@ -131,6 +140,9 @@ MONGODB_WRITES = ("update", "insert", "delete", "findAndModify")
 #: Seconds a pool fault waits for a batch of its job to be in flight before it takes any host
 #: (or GPU node) there is.
 BATCH_WAIT_SECONDS = 5.0
+#: Seconds `stop_host_restart` waits for the job to be stored STOPPED (or its stop to answer)
+#: before it kills the host anyway.
+STOP_STORED_SECONDS = 5.0
 #: A batch logged as started within this many seconds, and not ended, is taken as in flight (a
 #: batch of a host killed earlier never logs its end).
 IN_FLIGHT_SECONDS = 10.0
@@ -572,6 +584,69 @@ def _operate(world: ChaosCluster, job_id: str, method: str) -> Injected:
     return Injected(True, f"{method} answered {answer!r}", answer="ok")
 
 
+def _stop_final(world: ChaosCluster, job_id: str) -> bool | None:
+    """Whether the job's stop is final; None while it is not stored STOPPED (or is gone)."""
+    try:
+        state = world.call(lambda: world.manager.get(job_id))
+    except cr.JobOperationError:
+        return None
+    return state.stop_finalized if state.status is cr.JobStatus.STOPPED else None
+
+
+def _stop_host_restart(world: ChaosCluster, job_id: str, pick: float) -> Injected:
+    """A step host running the job's steps killed (Ray restarts it) during the job's stop:
+    the stop is asked in a thread of its own, and the host dies once the job is stored
+    STOPPED or the stop answered, while the stop waits for its steps."""
+    host = _host_for(world, job_id, pick)  # before the stop: once it is final, none runs
+    if host is None:
+        return Injected(False, "no step host alive")
+    answers: list[Injected] = []
+
+    def ask() -> None:
+        try:
+            answers.append(_operate(world, job_id, "stop"))
+        except Exception as error:
+            answers.append(Injected(False, f"the stop raised {type(error).__name__}: {error}"))
+
+    stop = threading.Thread(target=ask, name="chaos-stop")
+    asked = time.monotonic()
+    stop.start()
+    while stop.is_alive() and time.monotonic() - asked < STOP_STORED_SECONDS:
+        if _stop_final(world, job_id) is not None:
+            break
+        time.sleep(0.01)
+    answered = not stop.is_alive()
+    killed = _kill_actor(world, host["Name"])
+    took = time.monotonic() - asked
+    final = _stop_final(world, job_id)
+    stop.join()
+    answer = answers[0]
+    seen = {None: "not stored STOPPED", False: "not final", True: "final"}[final]
+    when = "after" if answered else "before"
+    return Injected(
+        killed.injected,
+        f"{killed.detail} {took:.2f} s after the stop was asked ({when} it answered; the stop "
+        f"{seen} just after); {answer.detail}",
+        answer=answer.answer,
+    )
+
+
+def _stop_refusing_reads(world: ChaosCluster, job_id: str, seconds: float) -> Injected:
+    """The job stopped while the wrapper refuses every read of its steps for `seconds`: the
+    stop's reads fail, and it must still become final, every step counted once."""
+    if world.proxy is not None:
+        return Injected(False, "no storage wrapper: the run is on MongoDB")
+    storage_faults.set_fault(world.run_dir, "refuse_reads", seconds, job=job_id)
+    until = time.time() + seconds
+    stop = _operate(world, job_id, "stop")
+    return Injected(
+        True,
+        f"wrapper: reads of the job's steps refused for {seconds:.1f} s; {stop.detail}",
+        until=until,
+        answer=stop.answer,
+    )
+
+
 def _mongodb_fault(world: ChaosCluster, kind: str, seconds: float, pick: float) -> Injected:
     """A fault of the proxy: lasting ones for `seconds`; one-shot ones on the next one to
     three requests of a write command `pick` chooses (a half-open connection on any request)."""
@@ -690,6 +765,10 @@ def inject(
         return Injected(True, f"delivered {len(batch)} reported outcomes again")
     if kind == "op_stop":
         return _operate(world, job_id, "stop")
+    if kind == "stop_host_restart":
+        return _stop_host_restart(world, job_id, pick)
+    if kind == "stop_storage_read_fail":
+        return _stop_refusing_reads(world, job_id, seconds)
     if kind == "op_resume":
         return _operate(world, job_id, "resume")
     if kind == "op_remove":

@@ -52,8 +52,18 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Where runs keep their files: per run, its step log, hooks log, SQLite file and driver log.
 RUNS_DIR = Path(tempfile.gettempdir()) / "choreography-chaos"
 
-#: The faults of the storage wrapper (`storage_faults`): injected only if a write met them.
-WRAPPER_FAULTS = ("storage_refuse", "storage_slow", "storage_lost_ack")
+#: The faults of the storage wrapper (`storage_faults`), with the mode each turns on: injected
+#: only if a write (a read, for `refuse_reads`) met them.
+WRAPPER_FAULTS = {
+    "storage_refuse": "refuse",
+    "storage_slow": "slow",
+    "storage_lost_ack": "lost_ack",
+    "stop_storage_read_fail": "refuse_reads",
+}
+
+#: The faults during a stop (`faults.STOP_FAULTS`), drawn with a profile's `stop_faults` chance;
+#: the read fault is the SQLite wrapper's, so a MongoDB run draws the host restart only.
+STOP_FAULTS = ("stop_host_restart", "stop_storage_read_fail")
 
 #: The providers a run may keep its jobs in: an SQLite file under the storage wrapper, or
 #: MongoDB behind the fault proxy (`tests.mongo_proxy`), whose faults replace the wrapper's.
@@ -101,6 +111,9 @@ class Profile:
     #: The chance that a job is a pool job (one at least when above 0); its worker nodes then
     #: declare GPUs. Drawn from a stream of its own (`_pool_plan`).
     pool_jobs: float = 0.0
+    #: The chance that a run also has a fault during a stop (`STOP_FAULTS`), drawn from a
+    #: stream of its own (`_stop_fault`).
+    stop_faults: float = 0.0
 
 
 _COMMON = {
@@ -149,6 +162,7 @@ PROFILES = {
         weights=_COMMON,
         settle_timeout=60.0,
         deadline=240,
+        stop_faults=0.2,
     ),
     # The soak: bigger jobs, more faults, and the lock held past SQLite's busy timeout.
     "soak": Profile(
@@ -160,9 +174,10 @@ PROFILES = {
         weights={**_COMMON, "storage_lock_refuse": 0.5},
         settle_timeout=150.0,
         deadline=480,
+        stop_faults=0.2,
     ),
     # The default test tier: the ci profile's jobs with three or four faults a run, drawn from
-    # every kind (the soak's too), so that five runs draw every fault kind between them.
+    # every kind (the soak's too), so that six runs draw every fault kind between them.
     "tier": Profile(
         name="tier",
         jobs=(1, 2),
@@ -175,6 +190,7 @@ PROFILES = {
         # A lock held past 8 s refuses writes, not past 30: the same fault, 22 s sooner (and
         # still longer than any `storage_lock`, whose writes wait).
         sqlite_busy_seconds=8.0,
+        stop_faults=0.2,
     ),
     # The default tier's MongoDB run: the tier's jobs and six faults of the fault proxy, no
     # other kind, so that one run can draw each proxy fault (issue 27). MongoDB only.
@@ -390,6 +406,19 @@ def _pool_plan(
     return out, aimed, worker_nodes, worker_gpus
 
 
+def _stop_fault(seed: int, profile: Profile, storage: str, jobs: int) -> FaultPlan | None:
+    """A fault during a stop, with the profile's chance, drawn from a stream of its own so that
+    the run's other draws stay as they were: the job is stopped once a share of its steps have
+    ended, and a host of it restarts, or reads of its steps are refused for 1-3 s."""
+    rng = random.Random(f"stop:{seed}")
+    if rng.random() >= profile.stop_faults:
+        return None
+    kinds = [k for k in STOP_FAULTS if storage == "sqlite" or k == "stop_host_restart"]
+    kind = rng.choice(kinds)
+    job, at = rng.randrange(jobs), round(rng.uniform(0.1, 0.8), 3)
+    return FaultPlan(kind, job, at, round(rng.uniform(1.0, 3.0), 2), rng.random())
+
+
 def fault_weights(profile: Profile, storage: str) -> dict[str, float]:
     """The profile's fault kinds for a run on `storage`: on MongoDB the proxy's faults replace
     the SQLite ones."""
@@ -436,6 +465,8 @@ def plan_run(seed: int, profile: str = "ci", storage: str = "sqlite") -> RunPlan
     attempts = rng.choice([1, 2, 3])
     # Drawn last, so that adding it left every earlier seed's plan as it was.
     state_api = rng.random() < 0.5
+    if (stop := _stop_fault(seed, shape, storage, len(jobs))) is not None:
+        faults = sorted([*faults, stop], key=lambda f: f.at)
     worker_nodes, worker_gpus = 1, 0
     if shape.pool_jobs:
         jobs, faults, worker_nodes, worker_gpus = _pool_plan(seed, shape, window, jobs, faults)
@@ -803,11 +834,11 @@ def _execute(
             else Counter(kind for kind, _ in proxy.hits)
         )
         for record in result.faults:
-            mode = record.kind.removeprefix("storage_")
-            if record.kind in WRAPPER_FAULTS and not result.storage_fault_hits.get(mode):
-                # Turned on, but no write met it (or the wrapper is not in place).
+            mode = WRAPPER_FAULTS.get(record.kind)
+            if mode is not None and not result.storage_fault_hits.get(mode):
+                # Turned on, but no call met it (or the wrapper is not in place).
                 record.injected = False
-                record.detail += " (no write met it)"
+                record.detail += f" (no {'read' if mode == 'refuse_reads' else 'write'} met it)"
             one_shot = ONE_SHOT_MONGODB_FAULTS.get(record.kind)
             if one_shot is not None and not result.storage_fault_hits.get(one_shot):
                 record.injected = False

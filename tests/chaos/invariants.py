@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.faults import LOSSY, MONGODB_FAULTS, STORAGE_FAULTS, ChaosCluster
+from tests.chaos.faults import LOSSY, MONGODB_FAULTS, STOPS, STORAGE_FAULTS, ChaosCluster
 from tests.chaos.jobs import UNPLACEABLE_SHAPE
 from tests.support import in_storage, read_trace
 
@@ -82,7 +82,7 @@ def expectations(faults: Sequence[Any], job_ids: Sequence[str]) -> dict[str, Exp
         elif fault.kind == "op_remove" and fault.answer is not None:
             # UNKNOWN: the finish is retried on a timer, or REMOVING was never stored.
             expectation.removed = expectation.remove_unsure = True
-        elif fault.kind == "op_stop" and fault.answer == "ok":
+        elif fault.kind in STOPS and fault.answer == "ok":
             expectation.may_stop = True
         elif fault.kind in ("op_resume", "op_double_resume", "op_retry_failed") and (
             fault.answer == "ok"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 
 import choreography_ray as cr
 from tests.chaos import invariants
-from tests.chaos.faults import KINDS, MONGODB_FAULTS, POOL_FAULTS
+from tests.chaos.faults import KINDS, MONGODB_FAULTS, POOL_FAULTS, STOP_FAULTS
 from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_seed
 
 #: Seconds one seed may take: the run's own deadline, and its cluster's shutdown. One xdist
@@ -85,10 +86,12 @@ SOAK_REGRESSIONS: dict[int, str] = {
 }
 
 
-#: The seeds of the tier profile: three or four faults each, every fault kind drawn between them
-#: and the proxy seed (as the test below checks), about 40-80 s a run. The first runs in the
-#: default tier, the others in the slow tier: CI runs them all.
-TIER_SEEDS = [931, 1316, 1612, 2549, 2771]
+#: The seeds of the tier profile: three or four faults each (and a fault during a stop, a run in
+#: five), every fault kind drawn between them and the proxy seed (as the test below checks), about
+#: 40-80 s a run. The first runs in the default tier, the others in the slow tier: CI runs them
+#: all. 1277 draws `stop_host_restart`, which no other seed here does, and its stop is its job's
+#: last word, so the checks see the final stop itself (issue 35).
+TIER_SEEDS = [931, 1316, 1612, 2549, 2771, 1277]
 
 #: The seed of the proxy profile (MongoDB behind the fault proxy, six of its faults a run),
 #: drawing every proxy fault. Slow tier (the default tier's storage tests put MongoDB behind the
@@ -100,11 +103,14 @@ DEFAULT = {("tier", TIER_SEEDS[0])}
 
 #: The tier and proxy runs, with the faults each draws: every kind between them.
 EVERY_KIND = {
-    ("tier", 931): "op_stop, storage_slow, kill_host_sigkill, op_remove, op_resume",
+    ("tier", 931): "op_stop, storage_slow, kill_host_sigkill, stop_storage_read_fail, op_remove, "
+    "op_resume",
     ("tier", 1316): "op_double_resume, remove_node, storage_lock, duplicate_delivery",
     ("tier", 1612): "kill_host_ray, kill_job_actor, storage_lock, storage_lost_ack",
-    ("tier", 2549): "kill_manager, storage_refuse, drop_deliveries, op_retry_failed",
+    ("tier", 2549): "kill_manager, storage_refuse, stop_storage_read_fail, drop_deliveries, "
+    "op_retry_failed",
     ("tier", 2771): "storage_lock_refuse, restart_cluster, add_node, kill_recovery",
+    ("tier", 1277): "stop_host_restart, storage_slow, kill_job_actor, storage_lock",
     ("proxy", 671): "mongo_half_open, mongo_reset, mongo_blackhole, mongo_latency, "
     "mongo_partition, mongo_lost_ack",
 }
@@ -122,7 +128,7 @@ POOL_SEEDS = {
 #: every proxy fault between them, beside the other kinds (issue 27).
 MONGODB_SEEDS = {
     5: "mongo_blackhole, op_stop, mongo_reset, mongo_half_open",
-    15: "mongo_latency, duplicate_delivery, mongo_partition, mongo_lost_ack",
+    15: "mongo_latency, duplicate_delivery, mongo_partition, mongo_lost_ack, stop_host_restart",
 }
 
 
@@ -192,6 +198,26 @@ def test_pool_seeds__draw_every_pool_fault_and_pool_jobs_only_in_the_pool_profil
 
 #: The step kinds of every profile but `pool`.
 STEP_KINDS = ("async", "sync", "dedicated")
+
+
+def test_plan__a_fault_during_a_stop_leaves_the_seeds_other_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 35: the faults during a stop come from a stream of their own, so a seed's plan is
+    the one it drew before, with at most that fault added."""
+    drawn: set[str] = set()
+    for profile in ("ci", "soak", "tier"):
+        plans = {seed: plan_run(seed, profile) for seed in range(40)}
+        monkeypatch.setitem(PROFILES, profile, replace(PROFILES[profile], stop_faults=0.0))
+        for seed, plan in plans.items():
+            stops = [f for f in plan.faults if f.kind in STOP_FAULTS]
+            drawn |= {f.kind for f in stops}
+            before = plan_run(seed, profile)
+            assert [f for f in plan.faults if f not in stops] == before.faults
+            assert plan.jobs == before.jobs and len(stops) <= 1
+    assert drawn == set(STOP_FAULTS)
+    assert not [f for s in range(40) for f in plan_run(s, "tier", "mongodb").faults
+                if f.kind == "stop_storage_read_fail"]  # fmt: skip
 
 
 def test_plan__the_same_seed_draws_the_same_plan_and_schedule() -> None:
@@ -271,6 +297,12 @@ def test_checker__a_step_counted_twice_is_a_violation() -> None:
     result = RunResult(seed=1, profile="ci", plan={})
     invariants.check_progress(result, "j", 2, state, records={}, terminal=True)
     assert "counted_twice" in {v["kind"] for v in result.violations}
+
+
+def test_checker__a_job_stopped_by_a_fault_during_its_stop_may_end_stopped() -> None:
+    faults = [SimpleNamespace(job="j", kind=kind, answer="ok") for kind in STOP_FAULTS]
+    for fault in faults:
+        assert invariants.expectations([fault], ["j"])["j"].may_stop
 
 
 def test_checker__a_remove_answered_unknown_is_removal_unless_it_never_stored_removing() -> None:
