@@ -202,7 +202,8 @@ async def stage_done(a: JobCore, stage: int) -> None:
     after = after_stage(a.stages, stage, a.loaded_job)
     if after.unreachable:
         for later in after.unreachable:
-            a.window.release(later)
+            if skipped := a.window.release(later):
+                a.window.forget(start.step_id for start in skipped)
         await mark_unreachable(a.storage, a.job_id, a.stages, after.unreachable)
     if after.next_stage is not None:
         await begin_stage(a, after.next_stage)

@@ -88,8 +88,9 @@ class Window:
     #: RETRY_WAIT runs by due time; a run that left RETRY_WAIT since is skipped when reached.
     _due: list[tuple[float, int, StepRun]] = field(default_factory=list)
     _count: Counter[RunState] = field(default_factory=Counter)
-    #: The stages whose steps were read ahead (HELD): their beginning reads no more of them.
-    _held: set[int] = field(default_factory=set)
+    #: The HELD runs of each stage read ahead (its beginning reads no more of them); a run that
+    #: left HELD since is skipped.
+    _held: dict[int, list[StepRun]] = field(default_factory=dict)
     _ticket: Iterator[int] = field(default_factory=itertools.count)
 
     def configure(self, configured: int | None) -> None:
@@ -203,20 +204,15 @@ class Window:
 
     def hold(self, stage: int, starts: Iterable[StepStart]) -> None:
         """The stage's steps read before it begins: HELD until `release`."""
-        self._held.add(stage)
-        for start in starts:
-            self._put(start, RunState.HELD)
+        self._held[stage] = [self._put(start, RunState.HELD) for start in starts]
 
     def release(self, stage: int) -> list[StepStart] | None:
-        """The stage's HELD steps, out of the table (to queue, or skipped with their stage);
-        None when none were read ahead for it."""
-        if stage not in self._held:
+        """The stage's HELD steps, still HELD (`queue` takes them on; a skipped stage's are
+        forgotten); None when none were read ahead for it."""
+        held = self._held.pop(stage, None)
+        if held is None:
             return None
-        self._held.discard(stage)
-        held = [r.start for r in self.runs.values()
-                if r.state is RunState.HELD and r.start.stage == stage]  # fmt: skip
-        self.forget(start.step_id for start in held)
-        return held
+        return [run.start for run in held if self._is_current(run, RunState.HELD)]
 
     def queue(self, starts: Iterable[StepStart], front: bool = False) -> None:
         """The steps wait to start (at the front of the line: before those waiting already).
@@ -224,7 +220,11 @@ class Window:
         starts = list(starts)
         for start in starts:
             old = self.runs.get(start.step_id)
-            self._put(start, RunState.QUEUED, retry=old is not None and old.retry)
+            if old is not None and old.start is start and old.state is RunState.HELD:
+                self._move(old, RunState.QUEUED)  # a held stage beginning: the hot path
+                self._queues.setdefault(start.type, deque()).append(old)
+            else:
+                self._put(start, RunState.QUEUED, retry=old is not None and old.retry)
         if front:
             # The new rows are the last of their lines: move them to the fronts.
             moved: dict[str, int] = Counter(start.type for start in starts)
