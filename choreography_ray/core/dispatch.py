@@ -3,7 +3,7 @@ throttle allow; a step whose type cannot be loaded fails to start; a start's ans
 as a turn (`JobCore.send`) and is applied here; a start that threw is sent back to the host that
 has it, counted from its stored outcome, or started again.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.types import import_type
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
 def startable(
-    a: JobCore, starts: list[StepStart]
+    a: Activation, starts: list[StepStart]
 ) -> tuple[list[StepStart], list[tuple[StepStart, str]]]:
     """The steps whose type loads, and the others with the reason."""
     good: list[StepStart] = []
@@ -51,7 +51,7 @@ def startable(
     return good, cannot
 
 
-async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
+async def fill(a: Activation) -> list[asyncio.Future[bool]]:
     """Hands pending steps to hosts while the window and the throttle allow. A step whose
     type cannot be loaded fails to start: it is recorded FAILED and counted."""
     answers: list[asyncio.Future[bool]] = []
@@ -87,7 +87,7 @@ async def fill(a: JobCore) -> list[asyncio.Future[bool]]:
     return answers
 
 
-async def cannot_start(a: JobCore, failures: list[tuple[StepStart, str]]) -> None:
+async def cannot_start(a: Activation, failures: list[tuple[StepStart, str]]) -> None:
     outcomes = [failed(s.step_id, s.attempt, StepStatus.FAILED, why) for s, why in failures]
     try:
         await settling.store_outcomes(a, outcomes)
@@ -103,7 +103,7 @@ async def cannot_start(a: JobCore, failures: list[tuple[StepStart, str]]) -> Non
         settling.settle(a, start, outcome)
 
 
-def placement(a: JobCore, type_path: str) -> Placement:
+def placement(a: Activation, type_path: str) -> Placement:
     """Where the type's steps run (`core.placement`), read once per type and activation."""
     where = a.placements.get(type_path)
     if where is None:
@@ -112,7 +112,7 @@ def placement(a: JobCore, type_path: str) -> Placement:
     return where
 
 
-def is_dedicated(a: JobCore, type_path: str) -> bool:
+def is_dedicated(a: Activation, type_path: str) -> bool:
     """Whether the type's steps run in an actor each (False for a type that does not load)."""
     try:
         return placement(a, type_path).dedicated
@@ -121,7 +121,7 @@ def is_dedicated(a: JobCore, type_path: str) -> bool:
 
 
 async def answered(
-    a: JobCore,
+    a: Activation,
     host: str,
     batch: list[StepStart],
     error: Exception | None,
@@ -166,7 +166,7 @@ async def answered(
         await a.hosts.cancel([host], a.job_id, a.job_state.status is JobStatus.REMOVING)
 
 
-async def retry_failed_starts(a: JobCore) -> None:
+async def retry_failed_starts(a: Activation) -> None:
     """Start operations that threw may have run on their host all the same (Ray: "the task
     may or may not have been executed"): a step whose outcome storage holds counts it; a
     step a host still has goes back to that host, which skips it when it runs that attempt

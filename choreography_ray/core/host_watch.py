@@ -1,7 +1,7 @@
 """The hosts: the fence (one picture of the hosts' steps and storage), what becomes of the steps
 of a host whose incarnation is gone, and the watch that learns it.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from choreography_ray.core.window import RUNNING
 from choreography_ray.logs import get_logger
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def fenced(a: JobCore) -> AsyncIterator[dict[str, str]]:
+async def fenced(a: Activation) -> AsyncIterator[dict[str, str]]:
     """The job's steps on live hosts (step id -> host), the hosts fenced while the block
     reads storage: none of the job's outcomes is written meanwhile, and no start sent
     before lands after. A recount and the steps adopted are then one picture: a step
@@ -37,12 +37,12 @@ async def fenced(a: JobCore) -> AsyncIterator[dict[str, str]]:
         await a.hosts.lift_fence(a.job_id)
 
 
-def answered_on(a: JobCore, host: str) -> set[str]:
+def answered_on(a: Activation, host: str) -> set[str]:
     """The steps on `host` whose start it answered (those still starting are not among them)."""
     return {s.step_id for s in a.window.on_host(host) if a.window.state_of(s.step_id) in RUNNING}
 
 
-async def host_lost(a: JobCore, host: str, only: Collection[str] | None = None) -> None:
+async def host_lost(a: Activation, host: str, only: Collection[str] | None = None) -> None:
     """The incarnation of `host` that ran this activation's answered steps (`only` those of
     them, when a later incarnation runs the others) is gone: a step whose outcome it stored
     counts that; the others never report. A stopping job stores them STOPPED (and finishes
@@ -75,7 +75,7 @@ async def host_lost(a: JobCore, host: str, only: Collection[str] | None = None) 
         a.window.lose_owner(start.step_id for start in lost)
 
 
-async def until_gone(a: JobCore, host: str, incarnation: str | None) -> None:
+async def until_gone(a: Activation, host: str, incarnation: str | None) -> None:
     """Returns once this incarnation of `host` is gone (its watch call ended); a watch that
     fails without telling is asked again, 1 s doubling to 60 s."""
     failures = 0

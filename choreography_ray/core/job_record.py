@@ -7,7 +7,7 @@ answer may have been written: the next one that meets a version moved on by no m
 activation's own unanswered saves writes over them, and the watchdog carries out a stop or
 removal storage holds though its caller got an error.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from choreography_ray.status import JobStatus
 from choreography_ray.types import import_type
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
-async def load(a: JobCore) -> None:
+async def load(a: Activation) -> None:
     """Reads the record and loads its job type (imported by path, within the allowed
     prefixes); a type that cannot be loaded fails the job, and the activation."""
     a.state = await a.storage.get_job(a.job_id)
@@ -66,7 +66,7 @@ async def load(a: JobCore) -> None:
     await a.counting.load(a.storage, a.job_id, a.state.records_counted_steps)
 
 
-async def take_epoch(a: JobCore) -> None:
+async def take_epoch(a: Activation) -> None:
     """This activation's epoch: the version of the record it writes first, with a conditional
     write (two activations cannot take the same one, and a later one's is greater). Taken as
     the activation loads a job that is not at rest, else before its first start or fence (an
@@ -78,7 +78,7 @@ async def take_epoch(a: JobCore) -> None:
 
 
 async def set_status(
-    a: JobCore,
+    a: Activation,
     status: JobStatus,
     *messages: str,
     error: str | None = None,
@@ -93,7 +93,7 @@ async def set_status(
 
 
 async def save(
-    a: JobCore, change: tuple[JobStatus, tuple[str, ...]] | None = None, **update: Any
+    a: Activation, change: tuple[JobStatus, tuple[str, ...]] | None = None, **update: Any
 ) -> None:
     """Saves the record with the current progress, counted records first. The in-memory
     state changes only once the save succeeded."""
@@ -114,7 +114,7 @@ async def save(
     a.dirty = False
 
 
-async def save_job(a: JobCore, record: JobState) -> JobState:
+async def save_job(a: Activation, record: JobState) -> JobState:
     try:
         saved = await a.storage.save_job(record)
     except ConcurrencyError:
@@ -129,7 +129,7 @@ async def save_job(a: JobCore, record: JobState) -> JobState:
     return saved
 
 
-async def written_anyway(a: JobCore, record: JobState) -> JobState | None:
+async def written_anyway(a: Activation, record: JobState) -> JobState | None:
     """The stored record, when a save that failed without an answer was written after all
     (read back once); None when that cannot be known now."""
     try:
@@ -144,7 +144,7 @@ async def written_anyway(a: JobCore, record: JobState) -> JobState | None:
     return stored
 
 
-async def reconcile(a: JobCore) -> None:
+async def reconcile(a: Activation) -> None:
     """After saves whose answer was lost: a stop or removal storage holds though its caller
     got an error (it was this activation's own write) is carried out, as storage says."""
     stored = await a.storage.get_job(a.job_id)

@@ -3,7 +3,7 @@ stored (ids as wide as the plan's known length), per-stage totals counted, check
 skipped; the record says `has_plan` only once every chunk is stored. A plan that fails while it
 is written leaves no step behind.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from choreography_ray.status import JobStatus
 from choreography_ray.storage import PlannedStep
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
-async def prepare(a: JobCore) -> StartJobError | None:
+async def prepare(a: Activation) -> StartJobError | None:
     state = a.job_state
     refused = OPERATIONS[Op.START][a.mode] is not Act.RUN
     if refused or state.status is not JobStatus.PREPARING_JOB or state.has_plan:
@@ -62,20 +62,20 @@ async def prepare(a: JobCore) -> StartJobError | None:
     return None
 
 
-async def fail_preparing(a: JobCore, error: BaseException) -> None:
+async def fail_preparing(a: Activation, error: BaseException) -> None:
     """The job fails before its plan is stored: a partial plan's records go first."""
     await clear_partial_plan(a)
     await stage_flow.fail(a, error)
 
 
-async def clear_partial_plan(a: JobCore) -> None:
+async def clear_partial_plan(a: Activation) -> None:
     try:
         await a.storage.remove_job_steps(a.job_id)
     except Exception as error:  # a job without a plan never runs them; retention clears
         log.warning("job %s: removing its partial plan failed: %s", a.job_id, error)
 
 
-async def persist_plan(a: JobCore, source: Iterable[Any] | AsyncIterable[Any]) -> None:
+async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]) -> None:
     """Reads, checks and writes the plan a chunk at a time, counting per-stage totals; the
     job record says `has_plan` only once every chunk is stored. Errors of the plan's own
     code are `PlanError`s."""
@@ -148,7 +148,9 @@ async def persist_plan(a: JobCore, source: Iterable[Any] | AsyncIterable[Any]) -
     a.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=offset == len(kept))
 
 
-async def skip_checkpointed(a: JobCore, stages: Stages, resume: ResumeAfter) -> ResumeAfter | None:
+async def skip_checkpointed(
+    a: Activation, stages: Stages, resume: ResumeAfter
+) -> ResumeAfter | None:
     """A start after a checkpoint: the checkpointed stages' steps are counted as succeeded
     and their records (written with the plan) deleted again, so they never run. The resume
     as kept (its `stage` the last one skipped), or None when the layout changed and the

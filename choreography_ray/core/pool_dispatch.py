@@ -7,7 +7,7 @@ backlog, a slow host takes less, and a host Ray has not placed gets nothing. Wha
 of each pool (waiting and on its hosts) is its demand: the pump tells the pools' owner about
 once a second (`sync`), and learns the placed hosts.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from choreography_ray.core.placement import ROUNDS_PER_HOST, Placement
 from choreography_ray.core.pool_rules import PoolDemand
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 #: Seconds between two syncs with the pools' owner while the job holds steps of a pool ...
 SYNC_SECONDS = 1.0
@@ -30,7 +30,7 @@ SYNC_SECONDS = 1.0
 SYNC_SOON_SECONDS = 0.2
 
 
-def room_for(a: JobCore, placement_of: Callable[[str], Placement]) -> Callable[[str], float]:
+def room_for(a: Activation, placement_of: Callable[[str], Placement]) -> Callable[[str], float]:
     """Step type -> how many of its steps may start now: any number off the pools; for a
     pool's type, the room its placed hosts have, shared by the types of the same shape in one
     call (`Window.next_batch` asks each type once)."""
@@ -54,7 +54,7 @@ def room_for(a: JobCore, placement_of: Callable[[str], Placement]) -> Callable[[
     return room
 
 
-def free(a: JobCore, where: Placement, hosts: tuple[str, ...] | list[str]) -> dict[str, int]:
+def free(a: Activation, where: Placement, hosts: tuple[str, ...] | list[str]) -> dict[str, int]:
     """Each host's room for the job's steps of the pool: its credit, or one round while more
     hosts of the pool are on their way (they get their share once placed)."""
     assert where.shape is not None
@@ -69,7 +69,7 @@ def _round(where: Placement) -> int:
 
 
 def share_out(
-    a: JobCore, where: Placement, starts: list[StepStart]
+    a: Activation, where: Placement, starts: list[StepStart]
 ) -> tuple[list[tuple[str, list[StepStart]]], list[StepStart]]:
     """The pool's steps per host, a round (`credit / ROUNDS_PER_HOST` steps) at a time to the
     host with the most room left, so a small job spreads over the hosts and a host that joins
@@ -90,7 +90,7 @@ def share_out(
     return list(shares.items()), starts[begin:]
 
 
-def demands(a: JobCore) -> list[PoolDemand]:
+def demands(a: Activation) -> list[PoolDemand]:
     """What the job holds of each pool it uses: its steps waiting, and on the pool's hosts."""
     steps: defaultdict[str, int] = defaultdict(int)
     spec: dict[str, Placement] = {}
@@ -118,7 +118,7 @@ def demands(a: JobCore) -> list[PoolDemand]:
     return out
 
 
-async def sync(a: JobCore) -> None:
+async def sync(a: Activation) -> None:
     """Tells the pools' owner the job's demand and learns the placed hosts; again in
     SYNC_SECONDS while the job holds steps of a pool."""
     said = demands(a)

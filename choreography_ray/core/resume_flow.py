@@ -3,7 +3,7 @@ RUNNING, adopts steps still running on live hosts, and starts the others once
 `on_before_resuming_job_steps` succeeded; recovery (what rehydration does) resumes a job or
 finishes its stop, never both; RetryFailedSteps runs a job's failed steps again.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
 from choreography_ray.storage import PAGE, StepUpdate, step_pages
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
-async def recover(a: JobCore) -> None:
+async def recover(a: Activation) -> None:
     """What rehydration does to this job: resume it, or finish its stop; never both. A removed
     job has nothing left to recover; a stop whose `on_stopped` ran here owes only its save."""
     match act(Op.RECOVER, a.mode, a.job_id, a.job_state.status):
@@ -57,14 +57,14 @@ async def recover(a: JobCore) -> None:
                 await _resume(a, explicit=False)
 
 
-async def resume(a: JobCore, explicit: bool) -> None:
+async def resume(a: Activation, explicit: bool) -> None:
     """ResumeJob (and the watchdog's resume of an interrupted startup): nothing for a job
     this activation drives already or whose outcome is decided (`mode.OPERATIONS`)."""
     if act(Op.RESUME, a.mode, a.job_id, a.job_state.status) is Act.RUN:
         await _resume(a, explicit)
 
 
-async def _resume(a: JobCore, explicit: bool) -> None:
+async def _resume(a: Activation, explicit: bool) -> None:
     """The counts are rebuilt from storage under the fence, RUNNING is saved, steps still
     running on a live host are adopted, and the others start once
     `on_before_resuming_job_steps` succeeded."""
@@ -118,7 +118,7 @@ async def _resume(a: JobCore, explicit: bool) -> None:
     await run_resume_hook(a, stop_on_failure=stopped)
 
 
-async def run_resume_hook(a: JobCore, stop_on_failure: bool = False) -> None:
+async def run_resume_hook(a: Activation, stop_on_failure: bool = False) -> None:
     """`on_before_resuming_job_steps`, then the stage's steps start. When it throws, the job
     stays RUNNING and the watchdog asks again with backoff; an explicit resume of a stopped job
     (`stop_on_failure`) is stopped again instead, and the resume answers the hook's error."""
@@ -140,7 +140,7 @@ async def run_resume_hook(a: JobCore, stop_on_failure: bool = False) -> None:
     a.kick()
 
 
-async def stop_again(a: JobCore, error: Exception) -> None:
+async def stop_again(a: Activation, error: Exception) -> None:
     """R43 (docs/decisions.md): "A job reverted to `Stopped` ... is never resumed by the
     watchdog." The job is stopped as a stop would (its adopted steps told, the others counted
     stopped), and the resume raises. When STOPPED cannot be saved, the job stays RUNNING with
@@ -158,7 +158,7 @@ async def stop_again(a: JobCore, error: Exception) -> None:
 
 
 async def retry_failed(
-    a: JobCore, signature: str | None = None, step_ids: Collection[str] | None = None
+    a: Activation, signature: str | None = None, step_ids: Collection[str] | None = None
 ) -> int:
     """RetryFailedSteps: a job completed with failures runs its failed steps again (those of
     `signature`, those among `step_ids`, or all), each as its next attempt; returns how many.
@@ -230,7 +230,7 @@ async def retry_failed(
 
 
 async def selected_failures(
-    a: JobCore, signature: str | None, step_ids: Collection[str] | None
+    a: Activation, signature: str | None, step_ids: Collection[str] | None
 ) -> list[StepState]:
     """The job's failed steps RetryFailedSteps runs: among `step_ids`, of `signature`, or all."""
     if step_ids is not None:

@@ -3,7 +3,7 @@ attempt; a failure is retried (with backoff) or counted, a stop counted or taken
 the job reaches itself (a step that cannot start, a stop its gone host never stored) are stored
 as a host would store them; lost reports are settled from storage.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from choreography_ray.status import FAILED_STEP, StepStatus
 from choreography_ray.storage import StepUpdate
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
-def accept(a: JobCore, outcome: Outcome) -> bool:
+def accept(a: Activation, outcome: Outcome) -> bool:
     """Counts an outcome once per (step, attempt); False when it was not counted."""
     entry = a.window.take(outcome.step_id, outcome.attempt)
     if entry is None:
@@ -38,7 +38,7 @@ def accept(a: JobCore, outcome: Outcome) -> bool:
     return settle(a, start, outcome)
 
 
-def settle(a: JobCore, start: StepStart, outcome: Outcome) -> bool:
+def settle(a: Activation, start: StepStart, outcome: Outcome) -> bool:
     counter = a.stages[start.stage]
     step_id = start.step_id
     a.dirty = True
@@ -73,7 +73,7 @@ def settle(a: JobCore, start: StepStart, outcome: Outcome) -> bool:
     return True
 
 
-async def store_outcomes(a: JobCore, outcomes: list[Outcome]) -> None:
+async def store_outcomes(a: Activation, outcomes: list[Outcome]) -> None:
     """Stores outcomes the job reached itself (not successes), as a host stores a step's."""
     await a.storage.update_steps(
         [
@@ -93,7 +93,7 @@ async def store_outcomes(a: JobCore, outcomes: list[Outcome]) -> None:
     )
 
 
-async def store_stops(a: JobCore, starts: list[StepStart]) -> None:
+async def store_stops(a: Activation, starts: list[StepStart]) -> None:
     """Steps of a stopping job that will never report their stop (their host is gone):
     stored STOPPED here, as their host would have, then counted."""
     for start in starts:
@@ -105,13 +105,13 @@ async def store_stops(a: JobCore, starts: list[StepStart]) -> None:
         accept(a, outcome)
 
 
-async def settle_lost_reports(a: JobCore, stage: int) -> None:
+async def settle_lost_reports(a: Activation, stage: int) -> None:
     """Active steps whose outcome storage holds but whose report never arrived (steps whose
     start operation is unanswered have nothing stored yet, and wait)."""
     await settle_stored(a, settleable(a, stage))
 
 
-def settleable(a: JobCore, stage: int) -> dict[str, tuple[StepStart, str]]:
+def settleable(a: Activation, stage: int) -> dict[str, tuple[StepStart, str]]:
     """The stage's active steps that may have an outcome stored (a step whose start
     operation is unanswered has nothing stored yet)."""
     return {
@@ -121,7 +121,7 @@ def settleable(a: JobCore, stage: int) -> dict[str, tuple[StepStart, str]]:
     }
 
 
-async def settle_stored(a: JobCore, active: dict[str, tuple[StepStart, str]]) -> None:
+async def settle_stored(a: Activation, active: dict[str, tuple[StepStart, str]]) -> None:
     if not active:
         return
     for outcome in await lost_reports(a.storage, a.job_id, active):
@@ -130,7 +130,7 @@ async def settle_stored(a: JobCore, active: dict[str, tuple[StepStart, str]]) ->
         accept(a, outcome)
 
 
-async def forget_stored_outcomes(a: JobCore, stage: int) -> None:
+async def forget_stored_outcomes(a: Activation, stage: int) -> None:
     """Active steps whose outcome storage holds: the recount made in the same fence
     counted them."""
     for outcome in await lost_reports(a.storage, a.job_id, settleable(a, stage)):

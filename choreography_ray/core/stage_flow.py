@@ -2,7 +2,7 @@
 from the hosts) and queued, the move to the next stage or to the job's outcome, and the save of
 an outcome decided (`on_completed` ran) but not saved yet.
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from choreography_ray.status import JobStatus
 from choreography_ray.storage import StoredStart
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
-async def begin_first_stage(a: JobCore) -> list[asyncio.Future[bool]] | None:
+async def begin_first_stage(a: Activation) -> list[asyncio.Future[bool]] | None:
     """Start's second turn: the job runs, and its first stage begins. Returns the first wave
     of start operations, or None when a stop or removal came while it prepared."""
     if a.job_state.status is not JobStatus.PREPARING_STEPS or a.mode is not Mode.PREPARING:
@@ -45,7 +45,7 @@ async def begin_first_stage(a: JobCore) -> list[asyncio.Future[bool]] | None:
         raise
 
 
-async def first_wave_answered(a: JobCore, answers: list[bool]) -> StartJobError | None:
+async def first_wave_answered(a: Activation, answers: list[bool]) -> StartJobError | None:
     """Start's last turn: RUNNING is saved, and the answer to start is what became of the first
     stage's starts."""
     if a.job_state.status is JobStatus.STARTING_STEPS:
@@ -61,7 +61,7 @@ async def first_wave_answered(a: JobCore, answers: list[bool]) -> StartJobError 
     return start_error(a, answers)
 
 
-async def save_running(a: JobCore) -> None:
+async def save_running(a: Activation) -> None:
     """The RUNNING save that start's last turn owes (it failed), again; on a failure, again
     after the timer's backoff."""
     if a.job_state.status is not JobStatus.STARTING_STEPS:
@@ -76,7 +76,7 @@ async def save_running(a: JobCore) -> None:
     await _first_stage_checked(a)
 
 
-async def _first_stage_checked(a: JobCore) -> None:
+async def _first_stage_checked(a: Activation) -> None:
     try:
         # A first stage whose steps all failed to start is done: on to the next.
         await check_stage(a)
@@ -84,7 +84,7 @@ async def _first_stage_checked(a: JobCore) -> None:
         log.exception("job %s: moving past its first stage failed", a.job_id)
 
 
-def start_error(a: JobCore, answers: list[bool]) -> StartJobError | None:
+def start_error(a: Activation, answers: list[bool]) -> StartJobError | None:
     """The first stage's start error: no step of it started, or some did not."""
     if a.first_stage_failed == 0 and all(answers):
         return None
@@ -101,7 +101,7 @@ def start_error(a: JobCore, answers: list[bool]) -> StartJobError | None:
 
 
 async def begin_stage(
-    a: JobCore, stage: int, first_run: bool = False
+    a: Activation, stage: int, first_run: bool = False
 ) -> list[asyncio.Future[bool]]:
     """Asks admission, then starts the stage's steps. Returns the futures of the first
     wave of start operations when `first_run` (what `start` waits for)."""
@@ -148,7 +148,7 @@ async def begin_stage(
 
 
 async def adopt_stage(
-    a: JobCore, stage: int, host_of: dict[str, str] | None = None
+    a: Activation, stage: int, host_of: dict[str, str] | None = None
 ) -> list[StepStart]:
     """The stage's steps stored running: those still running on a live host (`host_of`,
     else asked now) become active here again instead of being started twice; returns the
@@ -163,7 +163,7 @@ async def adopt_stage(
     return adopt(a, running, host_of)
 
 
-def adopt(a: JobCore, rows: list[StoredStart], host_of: dict[str, str]) -> list[StepStart]:
+def adopt(a: Activation, rows: list[StoredStart], host_of: dict[str, str]) -> list[StepStart]:
     """A stopped step runs again as its next attempt, so a stop report of the run it
     replaces, delivered again, cannot pass for the new run's outcome."""
     rest: list[StepStart] = []
@@ -179,7 +179,7 @@ def adopt(a: JobCore, rows: list[StoredStart], host_of: dict[str, str]) -> list[
     return rest
 
 
-async def refill(a: JobCore) -> None:
+async def refill(a: Activation) -> None:
     """The running stage's next page of steps from storage, once few wait to start."""
     feed = a.feed
     if feed is None or feed.done or a.window.count(RunState.QUEUED) >= a.page:
@@ -196,7 +196,7 @@ async def refill(a: JobCore) -> None:
         await dispatch.cannot_start(a, cannot)
 
 
-async def stage_done(a: JobCore, stage: int) -> None:
+async def stage_done(a: Activation, stage: int) -> None:
     if a.job_state.stage != stage or a.job_state.status is not JobStatus.RUNNING:
         return  # another turn moved on already
     after = after_stage(a.stages, stage, a.loaded_job)
@@ -212,7 +212,7 @@ async def stage_done(a: JobCore, stage: int) -> None:
     await complete(a)
 
 
-async def complete(a: JobCore) -> None:
+async def complete(a: Activation) -> None:
     if a.job_state.status.is_terminal or not a.live:
         return  # its outcome is decided (or saved) already
     status = (
@@ -228,13 +228,13 @@ async def complete(a: JobCore) -> None:
     await finish_with(a, status)
 
 
-async def fail(a: JobCore, error: BaseException) -> None:
+async def fail(a: Activation, error: BaseException) -> None:
     """A job hook threw: the job is FAILED with the message, and its actor exits."""
     await finish_with(a, JobStatus.FAILED, describe(error))
 
 
 async def finish_with(
-    a: JobCore, status: JobStatus, message: str | None = None, error: str | None = None
+    a: Activation, status: JobStatus, message: str | None = None, error: str | None = None
 ) -> None:
     """Saves a terminal status (`error`, else `message`, as the job's error); if the save
     fails, the pump saves it before anything else, and the hooks do not run again."""
@@ -243,7 +243,7 @@ async def finish_with(
     await save_owed(a)
 
 
-async def save_owed(a: JobCore) -> None:
+async def save_owed(a: Activation) -> None:
     assert a.owed is not None
     status, message, error = a.owed
     messages = () if message is None else (message,)
@@ -254,7 +254,7 @@ async def save_owed(a: JobCore) -> None:
     a.enter(Mode.AT_REST if keeps or not await drop_records(a) else Mode.REMOVED)
 
 
-async def drop_records(a: JobCore) -> bool:
+async def drop_records(a: Activation) -> bool:
     """A completed job whose type does not keep its records drops them, in the turn that
     saved its outcome (so nothing of this activation writes them again). A drop that fails
     leaves them to the cleanup pass's retention."""
@@ -268,7 +268,7 @@ async def drop_records(a: JobCore) -> bool:
     return True
 
 
-async def check_stage(a: JobCore) -> None:
+async def check_stage(a: Activation) -> None:
     stage = a.job_state.stage
     if not idle(a):
         return
@@ -281,7 +281,7 @@ async def check_stage(a: JobCore) -> None:
     await stage_done(a, stage)
 
 
-def idle(a: JobCore) -> bool:
+def idle(a: Activation) -> bool:
     """No step of the running stage is active, waiting to start, or waiting to retry."""
     return (
         not a.window.runs and a.awaiting_admission is None
@@ -289,13 +289,13 @@ def idle(a: JobCore) -> bool:
     )  # fmt: skip
 
 
-def fed(a: JobCore) -> bool:
+def fed(a: Activation) -> bool:
     """The feed has no more steps of the running stage to read."""
     feed = a.feed
     return feed is None or feed.done or feed.stage != a.job_state.stage
 
 
-async def restart_orphans(a: JobCore, stage: int) -> None:
+async def restart_orphans(a: Activation, stage: int) -> None:
     """Nothing runs here, yet storage holds unfinished steps of the stage (an answer or a
     report was lost across a reactivation): those running nowhere start again."""
     a.window.queue(await adopt_stage(a, stage))

@@ -3,7 +3,7 @@ report (never started, a gone host's) are counted or stored STOPPED, and the sto
 (`on_stopped`, then the final save or the records' removal) once every step has reported.
 A stop an earlier activation left is finished from storage (`tell_stop_again`).
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from choreography_ray.logs import get_logger
 from choreography_ray.status import JobStatus
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 log = get_logger(__name__)
 
 
-async def stop(a: JobCore) -> None:
+async def stop(a: Activation) -> None:
     """StopJob: STOPPED is saved first; then the steps are told, and the stop is final once
     each has reported it."""
     act(Op.STOP, a.mode, a.job_id, a.job_state.status)
@@ -39,7 +39,7 @@ async def stop(a: JobCore) -> None:
     await halt_and_tell(a, removing=False)
 
 
-async def remove(a: JobCore) -> None:
+async def remove(a: Activation) -> None:
     """RemoveJob: as a stop, with REMOVING saved first; once every step has reported, the
     job's records are removed."""
     if act(Op.REMOVE, a.mode, a.job_id, a.job_state.status) is Act.SAVE_OWED_FIRST:
@@ -63,7 +63,7 @@ async def remove(a: JobCore) -> None:
     await halt_and_tell(a, removing=True)
 
 
-async def halt_and_tell(a: JobCore, removing: bool) -> None:
+async def halt_and_tell(a: Activation, removing: bool) -> None:
     """The steps stop: those not started yet are counted stopped (a retry waiting, failed),
     the hosts are told, and the stop is final once every step has reported."""
     a.enter(Mode.STOPPING)
@@ -82,7 +82,7 @@ async def halt_and_tell(a: JobCore, removing: bool) -> None:
     await finish_stop_when_reported(a)
 
 
-def count_never_started(a: JobCore) -> None:
+def count_never_started(a: Activation) -> None:
     """The steps that never started (held, queued, start failed, waiting for a retry) leave
     the table counted: stopped, or failed for a retry (`stopping.halt`)."""
     halted = stopping.halt(a.window, a.stages, a.counting)
@@ -91,7 +91,7 @@ def count_never_started(a: JobCore) -> None:
     a.dirty = True
 
 
-async def stop_lost_owners(a: JobCore) -> None:
+async def stop_lost_owners(a: Activation) -> None:
     """A stopping job's steps whose host the job saw go (leases on) never report: a step
     whose outcome that host stored counts it, the others are stored STOPPED."""
     lost = a.window.active(RunState.OWNER_LOST)
@@ -103,7 +103,7 @@ async def stop_lost_owners(a: JobCore) -> None:
     )
 
 
-async def tell_stop_again(a: JobCore) -> bool:
+async def tell_stop_again(a: Activation) -> bool:
     """Finishes a stop left by an earlier activation: steps that never recorded their stop
     are told again; steps of stages never started are left alone. False when finishing
     failed."""
@@ -132,14 +132,14 @@ async def tell_stop_again(a: JobCore) -> bool:
     return await finish_stop_when_reported(a)
 
 
-async def finish_stop_when_reported(a: JobCore) -> bool:
+async def finish_stop_when_reported(a: Activation) -> bool:
     """Finishes the stop once every step has reported; False when finishing failed."""
     if a.mode not in STOPPING or a.window.in_flight():
         return True
     return await finish_stop(a)
 
 
-async def finish_stop(a: JobCore) -> bool:
+async def finish_stop(a: Activation) -> bool:
     """`on_stopped` once every step has reported; a removal then clears the job. A failed
     finish is retried on one timer, 1 s doubling to 60 s."""
     removing = a.job_state.status is JobStatus.REMOVING
@@ -177,7 +177,7 @@ async def finish_stop(a: JobCore) -> bool:
     return True
 
 
-async def sweep_stop(a: JobCore) -> None:
+async def sweep_stop(a: Activation) -> None:
     """What a stop still waits for, checked against the hosts and storage in one fenced
     read: an active step whose outcome storage holds counts it; one that runs on no live
     host (its host died, before or after the stop) is stored STOPPED, as its host would
@@ -207,7 +207,7 @@ async def sweep_stop(a: JobCore) -> None:
         await a.hosts.cancel(told, a.job_id, a.job_state.status is JobStatus.REMOVING)
 
 
-async def stop_unread(a: JobCore) -> tuple[int, int]:
+async def stop_unread(a: Activation) -> tuple[int, int]:
     """A stop counts the running stage's steps the feed has not read yet as stopped (they
     never started): (how many it counted now, how many it read)."""
     feed = a.feed
@@ -230,7 +230,7 @@ async def stop_unread(a: JobCore) -> tuple[int, int]:
     return counted, read
 
 
-async def stop_failed_starts(a: JobCore) -> None:
+async def stop_failed_starts(a: Activation) -> None:
     """A stopping job's starts that threw (the stop came first) are settled, and the stop
     finishes once every step has reported; when settling them fails, the finish tries again."""
     try:
@@ -243,7 +243,7 @@ async def stop_failed_starts(a: JobCore) -> None:
     await finish_stop_when_reported(a)
 
 
-async def settle_failed_starts(a: JobCore) -> None:
+async def settle_failed_starts(a: Activation) -> None:
     """A stopping job's starts that threw: a step a host has all the same is active again and
     told to stop, a step whose outcome storage holds counts it, and the others never ran:
     they count as the stop counts a step that never started."""

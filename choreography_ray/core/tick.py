@@ -3,7 +3,7 @@ a stage is done, save an owed outcome first) and the watchdog tick (what no repo
 will do: lost reports, failed starts, expired leases, admission asked again, an interrupted
 startup or stop carried on).
 
-A flow of `job.JobCore`: functions over the activation that never take a turn themselves.
+A flow of `job.Activation`: functions over the activation that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from choreography_ray.core.window import RunState
 from choreography_ray.status import JobStatus
 
 if TYPE_CHECKING:
-    from choreography_ray.core.job import JobCore
+    from choreography_ray.core.activation import Activation
 
 
-async def pump(a: JobCore) -> None:
+async def pump(a: Activation) -> None:
     """Starts what may start and moves on when the stage is done; saves an owed terminal
     status before anything else, and retries a stop's finish when its timer is due."""
     if a.mode is Mode.OWES_STATUS:
@@ -60,7 +60,7 @@ async def pump(a: JobCore) -> None:
         await stage_flow.check_stage(a)
 
 
-async def tick(a: JobCore) -> None:
+async def tick(a: Activation) -> None:
     """The watchdog: what no report or answer will do, by mode (`mode.OPERATIONS`). Saves
     whose answer was lost are reconciled first."""
     a.ticks += 1
@@ -72,7 +72,7 @@ async def tick(a: JobCore) -> None:
         await _BY_MODE[a.mode](a)
 
 
-async def _idle(a: JobCore) -> None:
+async def _idle(a: Activation) -> None:
     """An activation that drives nothing yet: a startup cut short after its plan was stored
     finishes through a resume; a stop or removal an earlier activation left is finished."""
     state = a.job_state
@@ -82,7 +82,7 @@ async def _idle(a: JobCore) -> None:
         await stop_flow.tell_stop_again(a)
 
 
-async def _stopping(a: JobCore) -> None:
+async def _stopping(a: Activation) -> None:
     """A stop is final once every step reported it: lost reports are settled here too, and the
     finish is run (a finish that failed waits for its own timer)."""
     if a.window.in_flight():
@@ -92,7 +92,7 @@ async def _stopping(a: JobCore) -> None:
         await stop_flow.finish_stop_when_reported(a)
 
 
-async def _running(a: JobCore) -> None:
+async def _running(a: Activation) -> None:
     """Lost reports are settled, failed starts retried, expired leases restarted, admission
     asked again, and a stage that storage holds done moves on. Start's RUNNING save, when
     owed, is saved first."""
@@ -134,7 +134,7 @@ async def _running(a: JobCore) -> None:
     a.kick()
 
 
-async def _hook_owed(a: JobCore) -> None:
+async def _hook_owed(a: Activation) -> None:
     """The resume hook failed: asked again with backoff."""
     if a.hook_backoff.should_try():
         await resume_flow.run_resume_hook(a)

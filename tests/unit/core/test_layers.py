@@ -30,3 +30,12 @@ def test_core_module__imports_neither_ray_nor_the_runtime(path: Path) -> None:
         if name == "ray" or name.startswith(("ray.", "choreography_ray.runtime"))
     }
     assert shell == set(), f"{path.name} imports {sorted(shell)}"
+
+
+@pytest.mark.parametrize("path", sorted(CORE.glob("*.py")), ids=lambda p: p.name)
+def test_core_module__but_the_activation_imports_no_job_core(path: Path) -> None:
+    """The flows take `activation.Activation`, never `job.JobCore`, which imports them: the
+    core has no import circle (issue 35), not even for type checking."""
+    if path.name == "job.py":
+        return
+    assert "choreography_ray.core.job" not in imported(path), f"{path.name} imports job.py"

@@ -174,12 +174,11 @@ def test_recover__a_hook_that_fails_is_retried_by_the_watchdog_before_any_step_s
         h.control("on_before_resuming_job_steps", raises=1)
         await h.c.recover()
         await h.settle()
-        assert (await h.status()) is JobStatus.RUNNING
-        assert h.c.mode is Mode.HOOK_OWED
+        assert ((await h.status()), h.c.mode) == (JobStatus.RUNNING, Mode.HOOK_OWED)
         await h.c.watchdog_tick()
         await h.settle()
         assert h.calls["on_before_resuming_job_steps"] == 2
-        assert h.c.mode is Mode.RUNNING
+        assert h.c.mode == Mode.RUNNING
         assert (await h.all_succeed()) == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
