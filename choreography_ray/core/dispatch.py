@@ -3,7 +3,7 @@ throttle allow; a step whose type cannot be loaded fails to start; a start's ans
 as a turn (`JobCore.send`) and is applied here; a start that threw is sent back to the host that
 has it, counted from its stored outcome, or started again.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The hosts: the fence (one picture of the hosts' steps and storage), what becomes of the steps
 of a host whose incarnation is gone, and the watch that learns it.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ class JobCore:
 
     async def _pump(self) -> None:
         async with self.turns.turn("pump"):
-            await tick.pump(self)
+            await tick.reconcile(self, look=False)
 
     def send(self, host: str, batch: list[StepStart]) -> asyncio.Future[bool]:
         """The start operation as a command: its answer comes back as a turn."""
@@ -394,7 +394,7 @@ class JobCore:
         if self.mode not in SERVING:
             return
         async with self.turns.turn("watchdog"):
-            await tick.tick(self)
+            await tick.reconcile(self, look=True)
 
     # -- persistence --------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ answer may have been written: the next one that meets a version moved on by no m
 activation's own unanswered saves writes over them, and the watchdog carries out a stop or
 removal storage holds though its caller got an error.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

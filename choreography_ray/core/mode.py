@@ -130,7 +130,8 @@ class Op(enum.StrEnum):
     RECOVER = "recover"
     RETRY_FAILED = "retry failed steps"
     REPORT = "report"
-    TICK = "tick"
+    #: A pass of the reconciler (`tick.reconcile`): a kick of the pump, or a watchdog tick.
+    RECONCILE = "reconcile"
     EXIT = "exit"
 
 
@@ -196,7 +197,7 @@ OPERATIONS: dict[Op, dict[Mode, Act]] = {
     Op.RECOVER: _row(_RUN, _NOTHING, _NOTHING, _RUN, Act.FINISH_STOP, _NOTHING, _NOTHING, _NOTHING),
     Op.RETRY_FAILED: _row(_REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _RUN, _REFUSE),
     Op.REPORT: _row(_RUN, _RUN, _RUN, _RUN, _RUN, _RUN, _RUN, _RUN),
-    Op.TICK: _row(_RUN, _NOTHING, _RUN, _RUN, _RUN, _NOTHING, _NOTHING, _NOTHING),
+    Op.RECONCILE: _row(_RUN, _NOTHING, _RUN, _RUN, _RUN, _RUN, _NOTHING, _NOTHING),
     Op.EXIT: _row(_NOTHING, _NOTHING, _NOTHING, _NOTHING, _NOTHING, _NOTHING, _RUN, _RUN),
 }
 # The recovery on reactivation is the one operation RECOVERING serves; an activation that

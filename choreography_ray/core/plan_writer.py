@@ -3,7 +3,7 @@ stored (ids as wide as the plan's known length), per-stage totals counted, check
 skipped; the record says `has_plan` only once every chunk is stored. A plan that fails while it
 is written leaves no step behind.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

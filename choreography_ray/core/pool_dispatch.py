@@ -7,7 +7,7 @@ backlog, a slow host takes less, and a host Ray has not placed gets nothing. Wha
 of each pool (waiting and on its hosts) is its demand: the pump tells the pools' owner about
 once a second (`sync`), and learns the placed hosts.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

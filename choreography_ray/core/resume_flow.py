@@ -3,7 +3,7 @@ RUNNING, adopts steps still running on live hosts, and starts the others once
 `on_before_resuming_job_steps` succeeded; recovery (what rehydration does) resumes a job or
 finishes its stop, never both; RetryFailedSteps runs a job's failed steps again.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ attempt; a failure is retried (with backoff) or counted, a stop counted or taken
 the job reaches itself (a step that cannot start, a stop its gone host never stored) are stored
 as a host would store them; lost reports are settled from storage.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

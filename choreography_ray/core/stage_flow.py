@@ -2,7 +2,7 @@
 from the hosts) and queued, the move to the next stage or to the job's outcome, and the save of
 an outcome decided (`on_completed` ran) but not saved yet.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

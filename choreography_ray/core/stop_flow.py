@@ -3,7 +3,7 @@ report (never started, a gone host's) are counted or stored STOPPED, and the sto
 (`on_stopped`, then the final save or the records' removal) once every step has reported.
 A stop an earlier activation left is finished from storage (`tell_stop_again`).
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations

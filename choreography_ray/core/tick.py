@@ -1,9 +1,9 @@
-"""The activation's two background turns, by mode: the pump (start what may start, move on when
-a stage is done, save an owed outcome first) and the watchdog tick (what no report or answer
-will do: lost reports, failed starts, expired leases, admission asked again, an interrupted
-startup or stop carried on).
+"""The activation's one reconciler: a pass by mode, run by the pump at each kick and by the
+watchdog at each tick (which first reads what no report or answer will tell). As Ray Serve's
+controller runs one `update()`, a pass reads what it needs, then acts by mode; the pump and the
+watchdog never decide with conditions of their own.
 
-A flow of `job.Activation`: functions over the activation that never take a turn themselves.
+A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
 """
 
 from __future__ import annotations
@@ -31,14 +31,63 @@ if TYPE_CHECKING:
     from choreography_ray.core.activation import Activation
 
 
-async def pump(a: Activation) -> None:
-    """Starts what may start and moves on when the stage is done; saves an owed terminal
-    status before anything else, and retries a stop's finish when its timer is due."""
-    if a.mode is Mode.OWES_STATUS:
-        await stage_flow.save_owed(a)
+async def reconcile(a: Activation, look: bool) -> None:
+    """One pass over what the activation owes, by mode (`mode.OPERATIONS`): every pass (a
+    kick, `look` False) saves an owed terminal status first, runs a stop's finish when its timer
+    is due, starts what may start and moves past a stage that ended; a watchdog tick (`look`)
+    first reads what no report or answer will tell (saves whose answer was lost, lost reports,
+    failed starts, expired leases, a stage storage holds done, orphans, admission, an
+    interrupted startup, stop or resume hook). Idempotent: a pass that owes nothing does
+    nothing, so a tick and a kick never disagree about what is owed."""
+    if look:
+        a.ticks += 1
+    if a.state is None:
         return
-    if a.timers.due("finish"):
+    if look and a.unanswered_saves:
+        await job_record.reconcile(a)
+    if act(Op.RECONCILE, a.mode, a.job_id, a.job_state.status) is Act.RUN:
+        await _BY_MODE[a.mode](a, look)
+
+
+async def _owes_status(a: Activation, look: bool) -> None:
+    """A terminal status decided and not saved: saved before anything else."""
+    await stage_flow.save_owed(a)
+
+
+async def _idle(a: Activation, look: bool) -> None:
+    """An activation that drives nothing yet: at a tick, a startup cut short after its plan
+    was stored finishes through a resume, and a stop or removal an earlier activation left is
+    finished."""
+    if not look:
+        return
+    state = a.job_state
+    if state.status.is_preparing and state.has_plan:
+        await resume_flow.resume(a, explicit=False)
+    elif stopping.stop_owed(state):
+        await stop_flow.tell_stop_again(a)
+
+
+async def _stopping(a: Activation, look: bool) -> None:
+    """A stop is final once every step reported it: at a tick lost reports are settled too;
+    the finish runs when its timer is due, and at a tick when no failed finish waits for it."""
+    if look and a.window.in_flight():
+        await settling.settle_lost_reports(a, a.job_state.stage)
+        await stop_flow.stop_lost_owners(a)
+    if a.timers.due("finish") or (look and not a.timers.armed("finish")):
         await stop_flow.finish_stop_when_reported(a)
+
+
+async def _hook_owed(a: Activation, look: bool) -> None:
+    """The resume hook failed: asked again at a tick, with backoff."""
+    if look and a.hook_backoff.should_try():
+        await resume_flow.run_resume_hook(a)
+
+
+async def _running(a: Activation, look: bool) -> None:
+    """At a tick, what storage and the hosts say first (`_look`); then, while the job still
+    runs here, the timers due, the window filled and the stage's end."""
+    if look:
+        await _look(a)
     if a.mode not in STEPPING:
         return
     if a.job_state.status not in (JobStatus.STARTING_STEPS, JobStatus.RUNNING):
@@ -60,39 +109,7 @@ async def pump(a: Activation) -> None:
         await stage_flow.check_stage(a)
 
 
-async def tick(a: Activation) -> None:
-    """The watchdog: what no report or answer will do, by mode (`mode.OPERATIONS`). Saves
-    whose answer was lost are reconciled first."""
-    a.ticks += 1
-    if a.state is None:
-        return
-    if a.unanswered_saves:
-        await job_record.reconcile(a)
-    if act(Op.TICK, a.mode, a.job_id, a.job_state.status) is Act.RUN:
-        await _BY_MODE[a.mode](a)
-
-
-async def _idle(a: Activation) -> None:
-    """An activation that drives nothing yet: a startup cut short after its plan was stored
-    finishes through a resume; a stop or removal an earlier activation left is finished."""
-    state = a.job_state
-    if state.status.is_preparing and state.has_plan:
-        await resume_flow.resume(a, explicit=False)
-    elif stopping.stop_owed(state):
-        await stop_flow.tell_stop_again(a)
-
-
-async def _stopping(a: Activation) -> None:
-    """A stop is final once every step reported it: lost reports are settled here too, and the
-    finish is run (a finish that failed waits for its own timer)."""
-    if a.window.in_flight():
-        await settling.settle_lost_reports(a, a.job_state.stage)
-        await stop_flow.stop_lost_owners(a)
-    if not a.timers.armed("finish"):
-        await stop_flow.finish_stop_when_reported(a)
-
-
-async def _running(a: Activation) -> None:
+async def _look(a: Activation) -> None:
     """Lost reports are settled, failed starts retried, expired leases restarted, admission
     asked again, and a stage that storage holds done moves on. Start's RUNNING save, when
     owed, is saved first."""
@@ -131,16 +148,9 @@ async def _running(a: Activation) -> None:
     elif stage_flow.idle(a):
         await stage_flow.restart_orphans(a, stage)
     await a.hosts.refresh()
-    a.kick()
 
 
-async def _hook_owed(a: Activation) -> None:
-    """The resume hook failed: asked again with backoff."""
-    if a.hook_backoff.should_try():
-        await resume_flow.run_resume_hook(a)
-
-
-#: What a tick does in each mode it runs in.
+#: What a pass does in each mode it runs in.
 _BY_MODE = {
     Mode.IDLE: _idle,
     Mode.RUNNING: _running,
@@ -148,4 +158,5 @@ _BY_MODE = {
     Mode.HOOK_OWED: _hook_owed,
     Mode.STOPPING: _stopping,
     Mode.FINISHING_STOP: _stopping,
+    Mode.OWES_STATUS: _owes_status,
 }

@@ -33,7 +33,7 @@ resume        wait  wait  wait   run   no    no    no    no    run   run   no   
 recover       wait  run   wait   run   no    no    no    no    run   fin   no    no    no
 retry         wait  wait  wait   ref   ref   ref   ref   ref   ref   ref   ref   run   ref
 report        wait  wait  wait   run   run   run   run   run   run   run   run   run   run
-tick          wait  wait  wait   run   no    run   run   run   run   run   no    no    no
+reconcile     wait  wait  wait   run   no    run   run   run   run   run   run   no    no
 exit          wait  wait  run    no    no    no    no    no    no    no    no    run   run
 """
 OPS = {"retry": Op.RETRY_FAILED, **{op.value: op for op in Op}}
@@ -75,10 +75,10 @@ def test_operations__a_refused_cell_raises_the_operations_error_naming_the_job(
     assert "job-1" in refused.value.message and str(op) in refused.value.message
 
 
-def test_operations__the_exit_and_the_tick_read_the_same_modes_as_the_table() -> None:
+def test_operations__the_exit_and_the_reconciler_read_the_same_modes_as_the_table() -> None:
     assert {m for m in Mode if OPERATIONS[Op.EXIT][m] is Act.RUN} == set(EXITS)
-    ticking = {m for m in Mode if OPERATIONS[Op.TICK][m] is Act.RUN}
-    assert ticking == set(tick._BY_MODE)
+    reconciling = {m for m in Mode if OPERATIONS[Op.RECONCILE][m] is Act.RUN}
+    assert reconciling == set(tick._BY_MODE)
 
 
 # -- the flows refuse where the table does ---------------------------------------------------------

@@ -139,11 +139,11 @@ def test_stage_done__watchdog_ticks_and_the_pump_at_once_run_on_completed_once(
         await h.hosts.finish("000000")
         lost = await h.hosts.finish("000001", deliver=0)
 
-        # The tick settles the lost report; the pump then finishes the stage and blocks in
-        # on_completed, while more ticks and the late report arrive.
-        await h.c.watchdog_tick()
+        # The tick settles the lost report, finishes the stage and blocks in on_completed,
+        # while more ticks and the late report arrive.
+        first = asyncio.create_task(h.c.watchdog_tick())
         await completed.entered.wait()
-        others = [asyncio.create_task(h.c.watchdog_tick()) for _ in range(3)]
+        others = [first, *(asyncio.create_task(h.c.watchdog_tick()) for _ in range(3))]
         late = asyncio.create_task(h.hosts.report(lost))
         await h.settle()
         assert completed.gate is not None
@@ -168,9 +168,9 @@ def test_stage_done__watchdog_ticks_and_the_pump_at_once_begin_the_next_stage_on
         await h.c.start()
         lost = await h.hosts.finish("000000", deliver=0)
 
-        await h.c.watchdog_tick()
+        first = asyncio.create_task(h.c.watchdog_tick())
         await admission.entered.wait()
-        others = [asyncio.create_task(h.c.watchdog_tick()) for _ in range(3)]
+        others = [first, *(asyncio.create_task(h.c.watchdog_tick()) for _ in range(3))]
         late = asyncio.create_task(h.hosts.report(lost))
         await h.settle()
         assert admission.gate is not None
