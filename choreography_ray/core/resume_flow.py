@@ -126,10 +126,10 @@ async def run_resume_hook(a: Activation, stop_on_failure: bool = False) -> None:
         await a.loaded_job.on_before_resuming_job_steps()
     except Exception as error:
         log.warning("job %s: on_before_resuming_job_steps failed: %s", a.job_id, error)
-        if stop_on_failure:
-            await stop_again(a, error)
         a.enter(Mode.HOOK_OWED)
         a.hook_backoff.failed()
+        if stop_on_failure:
+            await stop_again(a, error)
         return
     a.enter(Mode.RUNNING)
     a.hook_backoff.succeeded()
@@ -144,7 +144,7 @@ async def stop_again(a: Activation, error: Exception) -> None:
     """R43 (docs/decisions.md): "A job reverted to `Stopped` ... is never resumed by the
     watchdog." The job is stopped as a stop would (its adopted steps told, the others counted
     stopped), and the resume raises. When STOPPED cannot be saved, the job stays RUNNING with
-    its hook owed (the watchdog asks again), and the resume raises all the same."""
+    its hook owed (HOOK_OWED: the watchdog asks again), and the resume raises all the same."""
     message = f"on_before_resuming_job_steps of job {a.job_id} failed: {error}"
     try:
         await job_record.set_status(a, JobStatus.STOPPED, stop_finalized=False)

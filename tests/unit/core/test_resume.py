@@ -17,6 +17,7 @@ from choreography_ray.errors import (
     RetryFailedStepsError,
     StorageError,
 )
+from choreography_ray.model import JobState
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import StatusCounts
 from tests.unit.core.conftest import Activations
@@ -610,5 +611,45 @@ def test_recover__a_step_ending_while_the_resume_reads_storage_counts_once(
         progress = stored.progress
         assert (progress.successful_steps, progress.stopped_steps) == (2, 1)
         assert set(await h.steps()) == {"000002"}
+
+    activations.run(scenario)
+
+
+class StoppedSaveFails(FaultyStorage):
+    """Faulty storage whose next `stopped_failures` saves of a STOPPED record raise."""
+
+    stopped_failures = 0
+
+    async def save_job(self, job: JobState) -> JobState:
+        if job.status is JobStatus.STOPPED and self.stopped_failures:
+            self.stopped_failures -= 1
+            raise self.error("saving STOPPED failed (fault injected on purpose)")
+        return await super().save_job(job)
+
+
+def test_resume__a_stopped_job_whose_hook_fails_and_whose_stopped_save_fails_owes_the_hook(
+    activations: Activations,
+) -> None:
+    """R43's fallback: saving STOPPED again fails, so the job stays RUNNING with its hook owed,
+    asked again by the watchdog (never RUNNING with its steps held and nothing to start them)."""
+
+    async def scenario() -> None:
+        storage = StoppedSaveFails()
+        h = await activations.new(StagedJob, Plan(sizes=[2]), storage=storage)
+        await h.c.start()
+        await h.settle()
+        await h.c.stop()
+        await h.hosts.stop_cancelled()
+        await h.settle()
+        h.control("on_before_resuming_job_steps", raises=1)
+        storage.stopped_failures = 1
+        with pytest.raises(JobOperationError):
+            await h.c.resume()
+        await h.settle()
+        assert ((await h.status()), h.c.mode) == (JobStatus.RUNNING, Mode.HOOK_OWED)
+        await h.c.watchdog_tick()
+        await h.settle()
+        assert h.calls["on_before_resuming_job_steps"] == 2
+        assert (await h.all_succeed()) == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
