@@ -413,6 +413,36 @@ def test_start__a_failure_with_attempts_left_is_retried_after_the_running_save_f
     activations.run(scenario)
 
 
+@issue_35("a stop of a running job the activation never resumed finalizes with stale counts")
+def test_stop__of_a_running_job_this_activation_never_resumed_counts_from_storage(
+    activations: Activations,
+) -> None:
+    """Found by the soak (seed 936093: `stop_storage_read_fail` after a `restart_cluster`): the
+    rehydration's `recover` of the new activation failed on a refused read, so it stayed IDLE
+    with the job RUNNING; the stop then saved STOPPED and took `halt_and_tell`, the path of a
+    job driven here: its window was empty and its feed None, so the final stop kept the record's
+    last saved counts (a step that succeeded meanwhile uncounted) and counted none of the steps
+    that never started. `tell_stop_again` (a stop an earlier activation left) recounts from
+    storage; a stop in IDLE should go that way (a missing act of the table)."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[6]), max_active_steps_per_job=2)
+        await h.c.start()
+        await h.settle()
+        await h.activate(reconstructed=False)  # its rehydration's recover failed, or not come
+        running = sorted(h.hosts.running_ids())
+        assert len(running) == 2
+        await h.hosts.finish(running[0], deliver=0)  # succeeded meanwhile, never delivered
+        await h.c.stop()
+        await h.hosts.stop_cancelled()
+        await h.settle()
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 5)
+
+    activations.run(scenario)
+
+
 def test_manager__rehydration_passes_keep_what_they_drained_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
