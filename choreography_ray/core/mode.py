@@ -153,9 +153,12 @@ class Act(enum.StrEnum):
     #: A recover of a stop whose `on_stopped` ran: its final save is finished, the hook not
     #: run again.
     FINISH_STOP = "finish stop"
+    #: A stop or removal of a job this activation does not drive (its recover failed, or has
+    #: not come): carried on from storage, as one an earlier activation left.
+    FROM_STORAGE = "from storage"
 
 
-_RUN, _NOTHING, _REFUSE = Act.RUN, Act.NOTHING, Act.REFUSE
+_RUN, _NOTHING, _REFUSE, _STORED = Act.RUN, Act.NOTHING, Act.REFUSE, Act.FROM_STORAGE
 
 
 def _row(
@@ -191,8 +194,8 @@ def _row(
 OPERATIONS: dict[Op, dict[Mode, Act]] = {
     #              idle    preparing driving  stopping finishing owes    at rest  removed
     Op.START: _row(_RUN, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE),
-    Op.STOP: _row(_RUN, _RUN, _RUN, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE),
-    Op.REMOVE: _row(_RUN, _RUN, _RUN, _RUN, _RUN, Act.SAVE_OWED_FIRST, _RUN, _REFUSE),
+    Op.STOP: _row(_STORED, _RUN, _RUN, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE),
+    Op.REMOVE: _row(_STORED, _RUN, _RUN, _RUN, _RUN, Act.SAVE_OWED_FIRST, _RUN, _REFUSE),
     Op.RESUME: _row(_RUN, _NOTHING, _NOTHING, _RUN, _RUN, _NOTHING, _RUN, _REFUSE),
     Op.RECOVER: _row(_RUN, _NOTHING, _NOTHING, _RUN, Act.FINISH_STOP, _NOTHING, _NOTHING, _NOTHING),
     Op.RETRY_FAILED: _row(_REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _REFUSE, _RUN, _REFUSE),

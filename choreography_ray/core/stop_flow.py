@@ -30,19 +30,20 @@ log = get_logger(__name__)
 async def stop(a: Activation) -> None:
     """StopJob: STOPPED is saved first; then the steps are told, and the stop is final once
     each has reported it."""
-    act(Op.STOP, a.mode, a.job_id, a.job_state.status)
+    action = act(Op.STOP, a.mode, a.job_id, a.job_state.status)
     stopping.refuse_stop(a.job_state)
     try:
         await job_record.set_status(a, JobStatus.STOPPED, stop_finalized=False)
     except Exception as error:
         raise JobOperationError(StopJobError.COULD_NOT_PERSIST_STOP, str(error)) from error
-    await halt_and_tell(a, removing=False)
+    await (carry_on(a) if action is Act.FROM_STORAGE else halt_and_tell(a, removing=False))
 
 
 async def remove(a: Activation) -> None:
     """RemoveJob: as a stop, with REMOVING saved first; once every step has reported, the
     job's records are removed."""
-    if act(Op.REMOVE, a.mode, a.job_id, a.job_state.status) is Act.SAVE_OWED_FIRST:
+    action = act(Op.REMOVE, a.mode, a.job_id, a.job_state.status)
+    if action is Act.SAVE_OWED_FIRST:
         try:
             await stage_flow.save_owed(a)
         except Exception as error:
@@ -60,7 +61,20 @@ async def remove(a: Activation) -> None:
         await job_record.set_status(a, JobStatus.REMOVING, stop_finalized=False)
     except Exception as error:
         raise JobOperationError(RemoveJobError.UNKNOWN, str(error)) from error
-    await halt_and_tell(a, removing=True)
+    await (carry_on(a) if action is Act.FROM_STORAGE else halt_and_tell(a, removing=True))
+
+
+async def carry_on(a: Activation) -> None:
+    """A stop or removal (saved) of a job this activation does not drive: its window and
+    counts are not the job's, so the stop is carried on from storage as one an earlier
+    activation left. A failure is tried again on the finish timer (the stop is stored: the
+    caller's answer stands)."""
+    try:
+        await tell_stop_again(a)
+    except Exception as error:
+        log.warning("job %s: carrying its stop on from storage failed (again soon): %s",
+                    a.job_id, error)  # fmt: skip
+        a.timers.arm("finish")
 
 
 async def halt_and_tell(a: Activation, removing: bool) -> None:
@@ -109,9 +123,10 @@ async def tell_stop_again(a: Activation) -> bool:
     failed."""
     removing = a.job_state.status is JobStatus.REMOVING
     stage = a.job_state.stage
-    a.enter(Mode.STOPPING)
-    # Progress from storage; a step of the stage with no outcome that runs nowhere has
-    # stopped, and one still running counts when it reports.
+    # Every read before the stop's mode: a read that fails leaves an idle activation idle,
+    # the stop owed (the watchdog tells it again from the top). Progress from storage; a step
+    # of the stage with no outcome that runs nowhere has stopped, and one still running
+    # counts when it reports.
     async with host_watch.fenced(a) as host_of:
         not_running = await stage_flow.adopt_stage(a, stage, host_of)
         a.stages.recount(await a.storage.count_by_status(a.job_id))
@@ -122,6 +137,7 @@ async def tell_stop_again(a: Activation) -> bool:
             a.tally.stopped += 1
     counted, read = await stop_unread(a)
     a.tally.stopped += counted
+    a.enter(Mode.STOPPING)
     if stage in a.stages.counters:
         # Running steps whose stop an earlier execution counted stay counted: their stop
         # report is then a duplicate. Every step read here is counted stopped now.

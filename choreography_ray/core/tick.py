@@ -56,14 +56,12 @@ async def _owes_status(a: Activation, look: bool) -> None:
 
 async def _idle(a: Activation, look: bool) -> None:
     """An activation that drives nothing yet: at a tick, a startup cut short after its plan
-    was stored finishes through a resume, and a stop or removal an earlier activation left is
-    finished."""
-    if not look:
-        return
+    was stored finishes through a resume; a stop or removal stored and not carried on here (an
+    earlier activation's, or one whose reads failed: then also on the finish timer) is."""
     state = a.job_state
-    if state.status.is_preparing and state.has_plan:
+    if look and state.status.is_preparing and state.has_plan:
         await resume_flow.resume(a, explicit=False)
-    elif stopping.stop_owed(state):
+    elif (look or a.timers.due("finish")) and stopping.stop_owed(state):
         await stop_flow.tell_stop_again(a)
 
 

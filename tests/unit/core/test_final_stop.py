@@ -413,7 +413,6 @@ def test_start__a_failure_with_attempts_left_is_retried_after_the_running_save_f
     activations.run(scenario)
 
 
-@issue_35("a stop of a running job the activation never resumed finalizes with stale counts")
 def test_stop__of_a_running_job_this_activation_never_resumed_counts_from_storage(
     activations: Activations,
 ) -> None:
@@ -434,6 +433,36 @@ def test_stop__of_a_running_job_this_activation_never_resumed_counts_from_storag
         assert len(running) == 2
         await h.hosts.finish(running[0], deliver=0)  # succeeded meanwhile, never delivered
         await h.c.stop()
+        await h.hosts.stop_cancelled()
+        await h.settle()
+        stored = await h.stored()
+        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+        assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 5)
+
+    activations.run(scenario)
+
+
+def test_stop__of_a_job_never_resumed_here_whose_reads_fail_is_carried_on_later(
+    activations: Activations,
+) -> None:
+    """As above, and the stop's reads from storage fail: the stop is stored, so the stop
+    answers; the activation stays idle with the stop owed, and the next tick carries it on from
+    storage, every step counted."""
+
+    async def scenario() -> None:
+        storage = FaultyStorage()
+        h = await activations.new(
+            StagedJob, Plan(sizes=[6]), storage=storage, max_active_steps_per_job=2
+        )
+        await h.c.start()
+        await h.settle()
+        await h.activate(reconstructed=False)
+        running = sorted(h.hosts.running_ids())
+        await h.hosts.finish(running[0], deliver=0)
+        storage.fail("count_by_status", 1)
+        await h.c.stop()
+        assert h.c.mode is Mode.IDLE
+        await h.c.watchdog_tick()
         await h.hosts.stop_cancelled()
         await h.settle()
         stored = await h.stored()

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.timeout(30)
 TABLE = """
               load  recov unload idle  prep  run   admit hook  stop  fin   owes  rest  gone
 start         wait  wait  wait   run   ref   ref   ref   ref   ref   ref   ref   ref   ref
-stop          wait  wait  wait   run   run   run   run   run   ref   ref   ref   ref   ref
-remove        wait  wait  wait   run   run   run   run   run   run   run   save  run   ref
+stop          wait  wait  wait   sto   run   run   run   run   ref   ref   ref   ref   ref
+remove        wait  wait  wait   sto   run   run   run   run   run   run   save  run   ref
 resume        wait  wait  wait   run   no    no    no    no    run   run   no    run   ref
 recover       wait  run   wait   run   no    no    no    no    run   fin   no    no    no
 retry         wait  wait  wait   ref   ref   ref   ref   ref   ref   ref   ref   run   ref
@@ -44,6 +44,7 @@ ACTS = {
     "wait": Act.WAIT,
     "save": Act.SAVE_OWED_FIRST,
     "fin": Act.FINISH_STOP,
+    "sto": Act.FROM_STORAGE,
 }
 
 
