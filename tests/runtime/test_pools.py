@@ -17,6 +17,7 @@ from choreography_ray.dashboard.actions import RayActions
 from tests.runtime.conftest import actor_is_gone
 from tests.runtime.pool_jobs import EmbedJob, EmbedRequest
 from tests.runtime.test_cli_jobs import cli
+from tests.runtime.test_pools_sharing import free_gpus  # noqa: F401 (a fixture)
 from tests.support import RAY_NAMESPACE, eventually, read_trace
 
 SHAPE = "num_gpus=1"
@@ -166,6 +167,7 @@ def test_leave_if_idle__a_host_holding_a_step_stays_and_one_holding_nothing_leav
 
 
 @pytest.mark.slow  # 48 steps of 0.2 s, 3 at a time: about 15 s
+@pytest.mark.usefixtures("free_gpus")  # both hosts placed: no earlier test's host holds a GPU
 def test_max_concurrent__holds_over_the_hosts_of_the_cluster(connect, scope, tmp_path: Path):
     manager = connect().manager(scope, "limits")
     log = tmp_path / "calls.log"
