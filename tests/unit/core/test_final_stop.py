@@ -425,21 +425,35 @@ def test_stop__of_a_running_job_this_activation_never_resumed_counts_from_storag
     storage; a stop in IDLE should go that way (a missing act of the table)."""
 
     async def scenario() -> None:
-        h = await activations.new(StagedJob, Plan(sizes=[6]), max_active_steps_per_job=2)
-        await h.c.start()
-        await h.settle()
-        await h.activate(reconstructed=False)  # its rehydration's recover failed, or not come
-        running = sorted(h.hosts.running_ids())
-        assert len(running) == 2
-        await h.hosts.finish(running[0], deliver=0)  # succeeded meanwhile, never delivered
+        h = await never_resumed_here(activations, FaultyStorage())
         await h.c.stop()
-        await h.hosts.stop_cancelled()
-        await h.settle()
-        stored = await h.stored()
-        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
-        assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 5)
+        await assert_stopped_counting_storage(h)
 
     activations.run(scenario)
+
+
+async def never_resumed_here(activations: Activations, storage: FaultyStorage) -> Harness:
+    """Six steps, two running, in a new activation its rehydration's recover has not reached
+    (or failed in): one of the two succeeded meanwhile, its report never delivered."""
+    h = await activations.new(
+        StagedJob, Plan(sizes=[6]), storage=storage, max_active_steps_per_job=2
+    )
+    await h.c.start()
+    await h.settle()
+    await h.activate(reconstructed=False)
+    running = sorted(h.hosts.running_ids())
+    assert len(running) == 2
+    await h.hosts.finish(running[0], deliver=0)
+    return h
+
+
+async def assert_stopped_counting_storage(h: Harness) -> None:
+    """The stop is final with storage's counts: the success, and five steps stopped."""
+    await h.hosts.stop_cancelled()
+    await h.settle()
+    stored = await h.stored()
+    assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
+    assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 5)
 
 
 def test_stop__of_a_job_never_resumed_here_whose_reads_fail_is_carried_on_later(
@@ -451,23 +465,12 @@ def test_stop__of_a_job_never_resumed_here_whose_reads_fail_is_carried_on_later(
 
     async def scenario() -> None:
         storage = FaultyStorage()
-        h = await activations.new(
-            StagedJob, Plan(sizes=[6]), storage=storage, max_active_steps_per_job=2
-        )
-        await h.c.start()
-        await h.settle()
-        await h.activate(reconstructed=False)
-        running = sorted(h.hosts.running_ids())
-        await h.hosts.finish(running[0], deliver=0)
+        h = await never_resumed_here(activations, storage)
         storage.fail("count_by_status", 1)
         await h.c.stop()
         assert h.c.mode is Mode.IDLE
         await h.c.watchdog_tick()
-        await h.hosts.stop_cancelled()
-        await h.settle()
-        stored = await h.stored()
-        assert (stored.status, stored.stop_finalized) == (JobStatus.STOPPED, True)
-        assert (stored.progress.successful_steps, stored.progress.stopped_steps) == (1, 5)
+        await assert_stopped_counting_storage(h)
 
     activations.run(scenario)
 
