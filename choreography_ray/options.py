@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from choreography_ray.durations import Duration
 from choreography_ray.scheduler.options import SchedulerOptions
@@ -89,6 +89,20 @@ class JobsOptions(BaseModel):
     spare_job_actors: int = Field(default=1, ge=0)
     #: The scheduler's options: its loops, retry backoff, failure window and dead letters.
     scheduler: SchedulerOptions = SchedulerOptions()
+    #: Weight of each fairness key where steps wait for capacity (docs/sharing.md): keys with
+    #: waiting steps are served in proportion to their weights; a key not named weighs 1.0.
+    fairness_weights: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("fairness_weights")
+    @classmethod
+    def _weights_positive(cls, weights: dict[str, float]) -> dict[str, float]:
+        for key, weight in weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"fairness_weights[{key!r}] must be a number > 0, not {weight!r}")
+        return weights
+
+    def fairness_weight(self, key: str) -> float:
+        return self.fairness_weights.get(key, 1.0)
 
     @property
     def effective_max_step_attempts(self) -> int:

@@ -30,7 +30,6 @@ import inspect
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import Executor
 from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
@@ -38,8 +37,10 @@ from pydantic import BaseModel
 from choreography_ray.core.limits import Gate
 from choreography_ray.core.messages import StepStart, describe
 from choreography_ray.core.placement import is_batched
+from choreography_ray.core.sharing import Share
 from choreography_ray.logs import get_logger
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
+from choreography_ray.runtime.threads import FairThreads
 from choreography_ray.step import BatchContext, JobStep, StepContext, StepResult
 
 log = get_logger(__name__)
@@ -88,7 +89,8 @@ class Lane:
     def __init__(
         self,
         step_type: type[JobStep[Any]],
-        pool: Executor,
+        threads: FairThreads,
+        share_of: Callable[[str], Share],
         finish: Finish,
         spawn: Spawn,
         replace: Replace | None = None,
@@ -121,7 +123,9 @@ class Lane:
         #: The type's share of its cluster-wide limits on this host (`core.limits`), if any.
         self.gate: Gate | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._pool = pool
+        self._threads = threads
+        #: A job's share of the lane and of the threads (`core.sharing`).
+        self._share_of = share_of
         self._finish = finish
         self._spawn = spawn
         self._name = step_type.__qualname__
@@ -317,9 +321,8 @@ class Lane:
             except (KeyboardInterrupt, SystemExit) as exit_:
                 raise PerformExit(exit_) from exit_
             return (out if done else await driver.finish(out)), driver
-        loop = asyncio.get_running_loop()
         call = functools.partial(_guarded, method, *args)
-        return await loop.run_in_executor(self._pool, call), None
+        return await self._threads.run(Share(), call), None
 
 
 def _guarded(method: Callable[..., Any], *args: Any) -> Any:

@@ -29,7 +29,6 @@ import inspect
 import os
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -42,6 +41,7 @@ from choreography_ray.core.messages import (
 )
 from choreography_ray.core.metrics import UNKNOWN, Labels
 from choreography_ray.core.placement import placement_of, uses_lane
+from choreography_ray.core.sharing import Share
 from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
@@ -55,11 +55,15 @@ from choreography_ray.runtime.pools import record_pool_gauges
 from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.tasks import Tasks
 from choreography_ray.runtime.tenant import Tenant
+from choreography_ray.runtime.threads import FairThreads
 from choreography_ray.status import StepStatus
 from choreography_ray.step import JobStep, StepContext
 from choreography_ray.types import import_type
 
 log = get_logger(__name__)
+
+#: Threads of a host's sync performs, batches and setups.
+THREADS = 32
 
 
 class StepHostCore:
@@ -103,7 +107,10 @@ class StepHostCore:
             removing=self.removing_jobs.__contains__,
             stored=self._pop_running,
         )
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="step")
+        #: Each job's `Share` (priority, fairness key, weight), as its start batches said it.
+        self.job_share: dict[str, Share] = {}
+        #: The thread pool of sync performs, batches and setups, shared by `Share`.
+        self.threads = FairThreads(THREADS)
         #: The step types that run through one instance here (`runtime.lanes`).
         self.lanes: dict[type[JobStep[Any]], Lane] = {}
         self._silo = ray.get_runtime_context().get_node_id()
@@ -255,9 +262,7 @@ class StepHostCore:
                     task = asyncio.ensure_future(driver.finish(out))
                     task.set_name(f"step {job_id}/{step.step_id}")
             else:
-                task = asyncio.get_running_loop().run_in_executor(
-                    self._pool, perform, request, context
-                )
+                task = self.threads.run(self.share_of(job_id), perform, request, context)
         except BaseException as error:
             # Whatever the perform raised (CancelledError and SystemExit included) is this
             # step's outcome: the rest of its batch still launches.
@@ -274,7 +279,7 @@ class StepHostCore:
         if lane is None:
             # Only a pool's host is replaced: a shared host runs every other type too.
             replace = self._replace if step_type.resources is not None else None
-            lane = Lane(step_type, self._pool, self._finish, self.spawn, replace)
+            lane = Lane(step_type, self.threads, self.share_of, self._finish, self.spawn, replace)
             self.lanes[step_type] = lane
             if limited(step_type):
                 lane.gate = gate_for(step_type, self.namespace, self.incarnation, self.spawn)
@@ -379,6 +384,9 @@ class StepHostCore:
         """Leaves for good when the host holds nothing (`Leaving.if_idle`)."""
         return self.leave.if_idle()
 
+    def share_of(self, job_id: str) -> Share:
+        return self.job_share.get(job_id) or Share()
+
     def _labels(self, job_id: str) -> Labels:
         return self.job_labels.get(job_id, UNKNOWN)
 
@@ -392,6 +400,7 @@ class StepHostCore:
             del self.holds[job_id]
             tenant = self.job_tenant.pop(job_id, None)
             self.job_labels.pop(job_id, None)
+            self.job_share.pop(job_id, None)
             self.fences.forget(job_id)
             if tenant is not None:
                 tenant.decisions.forget(job_id)

@@ -9,7 +9,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -18,6 +17,8 @@ from pydantic import BaseModel
 from choreography_ray import JobStep
 from choreography_ray.core.messages import StepStart
 from choreography_ray.runtime.driver import SliceDriver
+from choreography_ray.core.sharing import Share
+from choreography_ray.runtime.threads import FairThreads
 from choreography_ray.runtime.lanes import Lane, SetupError
 from choreography_ray.step import BatchContext, StepContext, StepResult
 from tests.unit.core.harness import eventually
@@ -41,12 +42,12 @@ class Host:
     (job_id, step_id, result, error), the tasks it spawned, and how often it asked for the host
     to be replaced (a pool's type only, as the step host does)."""
 
-    def __init__(self, step_type: type[JobStep[Any]], pool: ThreadPoolExecutor) -> None:
+    def __init__(self, step_type: type[JobStep[Any]], threads: FairThreads) -> None:
         self.finished: list[tuple[str, str, Any, BaseException | None]] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.replaced = 0
         replace = self.replace if step_type.resources is not None else None
-        self.lane = Lane(step_type, pool, self.finish, self.spawn, replace)
+        self.lane = Lane(step_type, threads, lambda _job: Share(), self.finish, self.spawn, replace)
 
     def replace(self) -> None:
         self.replaced += 1
@@ -106,14 +107,15 @@ def run(
     threads; what the lane spawned is cancelled before the loop ends."""
 
     async def main() -> None:
-        with ThreadPoolExecutor(4, thread_name_prefix=THREADS) as pool:
-            host = Host(step_type, pool)
-            try:
-                await asyncio.wait_for(scenario(host), SCENARIO_TIMEOUT)
-            finally:
-                for task in host.tasks:
-                    task.cancel()
-                await asyncio.gather(*host.tasks, return_exceptions=True)
+        threads = FairThreads(4, prefix=THREADS)
+        host = Host(step_type, threads)
+        try:
+            await asyncio.wait_for(scenario(host), SCENARIO_TIMEOUT)
+        finally:
+            for task in host.tasks:
+                task.cancel()
+            await asyncio.gather(*host.tasks, return_exceptions=True)
+            threads.shutdown()
 
     asyncio.run(main())
 
