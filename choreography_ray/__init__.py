@@ -33,6 +33,7 @@ from choreography_ray.errors import (
 )
 from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job, StepSpec
+from choreography_ray.limit import Limit, LimitKey, LimitState
 from choreography_ray.model import (
     JobProgress,
     JobsManagerKey,
@@ -102,6 +103,9 @@ __all__ = [
     "JobsManagerUnavailableError",
     "JobsOptions",
     "Lease",
+    "Limit",
+    "LimitKey",
+    "LimitState",
     "Manifest",
     "ManifestRun",
     "OnceAt",

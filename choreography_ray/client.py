@@ -39,6 +39,7 @@ from choreography_ray.errors import (
 )
 from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job
+from choreography_ray.limit import Limit, LimitState
 from choreography_ray.model import JobState, PoolState, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
@@ -220,10 +221,18 @@ class AsyncJobsManager:
         self._expected = None
 
     async def start(
-        self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]
+        self,
+        job_type: type[Job[Any]],
+        request: BaseModel | dict[str, Any],
+        priority: int | None = None,
     ) -> StartedJob:
+        """Starts a job of `job_type`; `priority` (1 first ... 5, None: the type's `priority`)
+        orders its steps where steps wait for capacity (docs/sharing.md)."""
         payload = request.model_dump(mode="json") if isinstance(request, BaseModel) else request
-        job_id, error = await self._call("start", type_path(job_type), payload)
+        # None, None, False: the job id, checkpoint and hold only the scheduler passes.
+        job_id, error = await self._call(
+            "start", type_path(job_type), payload, None, None, False, priority
+        )
         return StartedJob(job_id, error)
 
     async def get(self, job_id: str) -> JobState:
@@ -298,8 +307,13 @@ class JobsManager:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
 
-    def start(self, job_type: type[Job[Any]], request: BaseModel | dict[str, Any]) -> StartedJob:
-        return self._run(self._inner.start(job_type, request))
+    def start(
+        self,
+        job_type: type[Job[Any]],
+        request: BaseModel | dict[str, Any],
+        priority: int | None = None,
+    ) -> StartedJob:
+        return self._run(self._inner.start(job_type, request, priority))
 
     def get(self, job_id: str) -> JobState:
         return self._run(self._inner.get(job_id))
@@ -410,6 +424,22 @@ class Jobs:
         from choreography_ray.runtime.pools import list_pools
 
         return list_pools(self.namespace)
+
+    def set_limit(self, name: str, limit: Limit) -> None:
+        """Changes the named limit `name` on the running cluster (this connection's Ray
+        namespace): the limiter answers the hosts' next asks with it, within a second, and keeps
+        it over its own restarts. It beats `JobsOptions.limits[name]` from now on
+        (docs/pools.md#limits-across-the-cluster)."""
+        from choreography_ray.runtime.limits import set_limit
+
+        set_limit(self.namespace, name, Limit.model_validate(limit))
+
+    def limits(self) -> builtins.list[LimitState]:
+        """Every limit the cluster's limiter counts: named ones, each step type's own and per
+        key, with the permits held, the steps waiting and the keys holding or waiting most."""
+        from choreography_ray.runtime.limits import limit_states
+
+        return limit_states(self.namespace)
 
     def async_scheduler(self, scope: str) -> AsyncScheduler:
         """The async client of `scheduler/{scope}`. Like `async_manager`, it blocks nothing: its

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeAlias
 
 from pydantic import BaseModel
 
+from choreography_ray.core.sharing import DEFAULT_PRIORITY
 from choreography_ray.status import JobStageFailureBehavior
 from choreography_ray.step import JobStep, RequestT, StepResult, request_type_of
 from choreography_ray.types import type_path
@@ -72,6 +73,9 @@ class Job(Generic[RequestT]):
     #: The same for a job that completed with failures (its failed steps go with it, so
     #: `retry_failed_steps` has nothing left to retry). A FAILED job is always kept.
     keep_after_completed_with_failures: ClassVar[bool] = True
+    #: The priority of this type's jobs when their start names none: where steps wait for
+    #: capacity, 1 goes first ... 5 (docs/sharing.md). Checked at each start.
+    priority: ClassVar[int] = DEFAULT_PRIORITY
 
     job_id: str
     scope: str
@@ -80,6 +84,13 @@ class Job(Generic[RequestT]):
 
     def prepare_steps(self, request: RequestT) -> PlanSteps:
         raise NotImplementedError(f"{type(self).__qualname__} does not implement prepare_steps")
+
+    def fairness_key(self, request: RequestT) -> str | None:
+        """The key whose weighted share (`JobsOptions.fairness_weights`) of the capacity its
+        steps wait for this job takes, a tenant say; None: the manager's namespace. Asked once,
+        at start, before the job has an id (`job_id` is not set); one that raises or returns
+        no str refuses the start (`INVALID_REQUEST`)."""
+        return None
 
     def create_step(
         self, step_type: type[JobStep[BaseModel]] | type, request: BaseModel, stage: int = 0

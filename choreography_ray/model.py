@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from choreography_ray.core.sharing import DEFAULT_PRIORITY
 from choreography_ray.errors import UnsupportedSchemaError
 from choreography_ray.status import JobStatus, StepStatus
 
@@ -167,11 +168,23 @@ class JobState(_Record):
     #: type that does not keep its finished records (`Job.keep_after_completed` off) drops them
     #: only once its starter releases it, not as it completes (docs/retention.md).
     held: bool = False
+    #: Its steps' turn where steps wait for capacity, 1 first ... 5 (docs/sharing.md): the
+    #: start's `priority`, else its type's `Job.priority`.
+    priority: int = DEFAULT_PRIORITY
+    #: The key whose weighted share of the waiting capacity its steps take: its type's
+    #: `Job.fairness_key`, else the namespace. "" on a record stored before the field existed:
+    #: `share_key` reads it as the namespace.
+    fairness_key: str = ""
     version: int = 0
 
     @property
     def key(self) -> JobsManagerKey:
         return JobsManagerKey(scope=self.scope, namespace=self.namespace)
+
+    @property
+    def share_key(self) -> str:
+        """The fairness key its steps share capacity by: `fairness_key`, else the namespace."""
+        return self.fairness_key or self.namespace
 
     @property
     def status_since(self) -> datetime:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from choreography_ray.durations import Duration
+from choreography_ray.limit import Limit
 from choreography_ray.scheduler.options import SchedulerOptions
 
 
@@ -92,6 +93,9 @@ class JobsOptions(BaseModel):
     #: Weight of each fairness key where steps wait for capacity (docs/sharing.md): keys with
     #: waiting steps are served in proportion to their weights; a key not named weighs 1.0.
     fairness_weights: dict[str, float] = Field(default_factory=dict)
+    #: Named limits step types take permits of (`JobStep.limits`), over every job and host of
+    #: the cluster (docs/pools.md#limits-across-the-cluster); `Jobs.set_limit` changes one live.
+    limits: dict[str, Limit] = Field(default_factory=dict)
 
     @field_validator("fairness_weights")
     @classmethod

@@ -196,7 +196,8 @@ class JobStep(Generic[RequestT]):
     the type at once. A type without `resources` that overrides `setup` or `perform_batch` gets
     the same on the shared hosts.
     `max_concurrent` and `max_per_second` limit the type's steps over every job and host of
-    the cluster (docs/pools.md).
+    the cluster; `max_concurrent_per_key` limits them per `concurrency_key`, and `limits` names
+    the `JobsOptions.limits` they take a permit of too (docs/pools.md).
     """
 
     dedicated: ClassVar[bool] = False
@@ -207,6 +208,8 @@ class JobStep(Generic[RequestT]):
     batch_wait: ClassVar[float] = 0.05
     max_concurrent: ClassVar[int | None] = None
     max_per_second: ClassVar[float | None] = None
+    max_concurrent_per_key: ClassVar[int | None] = None
+    limits: ClassVar[tuple[str, ...]] = ()
     min_hosts: ClassVar[int] = 0
     max_hosts: ClassVar[int | None] = None
 
@@ -222,6 +225,11 @@ class JobStep(Generic[RequestT]):
         fails every step of the batch. Gets up to `batch_size` steps of one job, waiting at
         most `batch_wait` seconds for a batch to fill."""
         raise NotImplementedError(f"{type(self).__qualname__} does not implement perform_batch")
+
+    def concurrency_key(self, request: RequestT) -> str | None:
+        """The key `max_concurrent_per_key` counts this step under (a customer, a tenant);
+        None: the step takes no per-key permit. Raising fails the step."""
+        return None
 
     @classmethod
     def request_type(cls) -> type[BaseModel]:

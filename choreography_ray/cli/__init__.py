@@ -14,7 +14,17 @@ from typing import Annotated, Protocol
 import typer
 
 from choreography_ray import __version__
-from choreography_ray.cli import bench, chaos, dashboard, demo, jobs, pools, run, scheduler
+from choreography_ray.cli import (
+    bench,
+    chaos,
+    dashboard,
+    demo,
+    jobs,
+    limits,
+    pools,
+    run,
+    scheduler,
+)
 from choreography_ray.cli._command import (
     DebugOption,
     LogJsonOption,
@@ -78,6 +88,7 @@ _COMMAND_GROUPS: tuple[CommandGroup, ...] = (
     run,
     jobs,
     pools,
+    limits,
     scheduler,
     dashboard,
     bench,

@@ -116,6 +116,14 @@ def bench(
             "map_batches and dedicated steps (needs the `bench` extra: pandas, pyarrow).",
         ),
     ] = False,
+    sharing: Annotated[
+        bool,
+        typer.Option(
+            "--sharing",
+            help="Run the sharing scenarios instead: a small job beside another tenant's "
+            "backlog, priorities, weighted shares, a limit never reached (docs/sharing.md).",
+        ),
+    ] = False,
     pool_items: Annotated[
         int, typer.Option(min=1, metavar="N", help="--pools: items, one step each.")
     ] = 100_000,
@@ -150,6 +158,9 @@ def bench(
 
     It starts its own local Ray. See docs/benchmarks.md for what each column means.
     """
+    if sharing:
+        _bench_sharing(json_file)
+        return
     if pools:
         _bench_pools(
             PoolOptions(pool_items, gpus, batch_size, batch_ms, item_ms, dedicated_sample),
@@ -237,6 +248,21 @@ def _bench_pools(options: PoolOptions, repeat: int, json_file: Path | None) -> N
     pools.print_report(report, console)
     if json_file is not None:
         json_file.write_text(json.dumps(report.as_json(), indent=2) + "\n")
+        err_console.print(f"wrote {json_file}", highlight=False, markup=False)
+
+
+def _bench_sharing(json_file: Path | None) -> None:
+    from dataclasses import asdict
+
+    from choreography_ray.bench import sharing
+
+    def log(message: str) -> None:
+        err_console.print(message, style="dim", highlight=False, markup=False, soft_wrap=True)
+
+    report = sharing.run(sharing.SharingConfig(), log=log)
+    sharing.print_report(report, console)
+    if json_file is not None:
+        json_file.write_text(json.dumps(asdict(report), indent=2) + "\n")
         err_console.print(f"wrote {json_file}", highlight=False, markup=False)
 
 

@@ -198,6 +198,15 @@ def run(
             "when stdin is not a terminal).",
         ),
     ] = OnInterrupt.ASK,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=5,
+            help="Where steps wait for capacity, 1 goes first ... 5.",
+            show_default="the job type's",
+        ),
+    ] = None,
 ) -> None:
     """Start a job from a request file; wait for it and print its final state as JSON.
 
@@ -216,7 +225,7 @@ def run(
 
     init_ray(address, ray_namespace)
     try:
-        _start_and_wait(cls, job_type, validated, url, scope, namespace, address,
+        _start_and_wait(cls, job_type, validated, priority, url, scope, namespace, address,
                         ray_namespace, wait, timeout, on_interrupt)  # fmt: skip
     finally:
         ray.shutdown()
@@ -226,6 +235,7 @@ def _start_and_wait(
     cls: type[Job[Any]],
     job_type: str,
     validated: BaseModel,
+    priority: int | None,
     url: str,
     scope: str,
     namespace: str,
@@ -238,7 +248,7 @@ def _start_and_wait(
     with cr.Jobs.connect(storage=url, address=address, namespace=ray_namespace) as jobs:
         manager = jobs.manager(scope, namespace)
         try:
-            started = manager.start(cls, validated)
+            started = manager.start(cls, validated, priority)
         except JobOperationError as error:
             code = ExitCode.BAD_INPUT
             if error.error is not StartJobError.INVALID_REQUEST:

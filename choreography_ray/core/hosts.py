@@ -10,6 +10,7 @@ from choreography_ray.core.messages import StepStart
 from choreography_ray.core.metrics import Labels
 from choreography_ray.core.placement import Placement
 from choreography_ray.core.pool_rules import PoolDemand
+from choreography_ray.core.sharing import Share
 
 
 class Hosts(Protocol):
@@ -31,11 +32,18 @@ class Hosts(Protocol):
         known."""
 
     async def start(
-        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
+        self,
+        host: str,
+        job_id: str,
+        batch: Sequence[StepStart],
+        labels: Labels,
+        epoch: int = 0,
+        share: Share = Share(),
     ) -> str:
         """Hands a batch to a host; returns once the host has stored it RUNNING, with the
         host's incarnation (a restarted host is a new one). `labels` are the job's metric
-        tags, for what the host records of it. A host refuses the start (raises) when an
+        tags, for what the host records of it; `share` orders the job's steps where they wait
+        on the host (`core.sharing`). A host refuses the start (raises) when an
         activation of the job with a newer `epoch` has asked it already (0: none known)."""
 
     async def cancel(self, hosts: Collection[str], job_id: str, removing: bool) -> None:

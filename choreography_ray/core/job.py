@@ -40,6 +40,7 @@ from choreography_ray.core.mode import DRIVING, EXITS, SERVING, Exit, Mode, chec
 from choreography_ray.core.placement import Placement
 from choreography_ray.core.planning import Feed, feed_page
 from choreography_ray.core.retries import STANDARD
+from choreography_ray.core.sharing import Share
 from choreography_ray.core.stages import Stages
 from choreography_ray.core.timers import Timers
 from choreography_ray.core.turns import Supervisor, Turns
@@ -279,7 +280,9 @@ class JobCore:
             error: Exception | None = None
             incarnation = None
             try:
-                incarnation = await self.hosts.start(host, self.job_id, batch, labels, self.epoch)
+                incarnation = await self.hosts.start(
+                    host, self.job_id, batch, labels, self.epoch, self.share
+                )
             except Exception as failure:
                 error = failure
             try:
@@ -407,6 +410,12 @@ class JobCore:
     def loaded_job(self) -> Job[Any]:
         assert self.job is not None
         return self.job
+
+    @property
+    def share(self) -> Share:
+        """What orders this job's steps where they wait for capacity (`core.sharing`)."""
+        key = self.job_state.share_key
+        return Share(self.job_state.priority, key, self.options.fairness_weight(key))
 
     @property
     def metric_labels(self) -> Labels:

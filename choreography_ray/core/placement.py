@@ -5,7 +5,7 @@ how many hosts of a shape a node fits. No Ray here: the job and the step host bo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 from choreography_ray.step import JobStep
@@ -114,18 +114,50 @@ def check_lane(step_type: type[JobStep[Any]]) -> None:
     rate = step_type.max_per_second
     if rate is not None and (not _number(rate) or not rate > 0):
         raise TypeError(f"{name}.max_per_second must be None or a number > 0, not {rate!r}")
+    per_key = step_type.max_concurrent_per_key
+    if per_key is not None and (
+        isinstance(per_key, bool) or not isinstance(per_key, int) or per_key < 1
+    ):
+        raise TypeError(
+            f"{name}.max_concurrent_per_key must be None or an int >= 1, not {per_key!r}"
+        )
+    names = step_type.limits
+    if not isinstance(names, tuple) or not all(isinstance(n, str) and n for n in names):
+        raise TypeError(f"{name}.limits must be a tuple of limit names, not {names!r}")
+
+
+def check_limits(step_type: type[JobStep[Any]], configured: Collection[str]) -> None:
+    """`TypeError` when the type names a limit the options do not configure
+    (`JobsOptions.limits`): its steps would wait for a permit nobody can grant."""
+    missing = [name for name in step_type.limits if name not in configured]
+    if missing:
+        raise TypeError(
+            f"{step_type.__qualname__}.limits names {', '.join(map(repr, missing))}, which "
+            "JobsOptions.limits does not configure"
+        )
 
 
 def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
+def is_limited(step_type: type[JobStep[Any]]) -> bool:
+    """Whether the type's steps take permits of a cluster-wide limit (`core.limits`)."""
+    return (
+        step_type.max_concurrent is not None
+        or step_type.max_per_second is not None
+        or step_type.max_concurrent_per_key is not None
+        or bool(step_type.limits)
+    )
+
+
 def uses_lane(step_type: type[JobStep[Any]]) -> bool:
     """Whether a host runs the type through one instance of it (`runtime.lanes.Lane`): a pool's
     type, a limited one, or one that sets itself up or performs batches."""
-    limited = step_type.max_concurrent is not None or step_type.max_per_second is not None
     shaped = step_type.resources is not None
-    return shaped or limited or is_batched(step_type) or _overrides(step_type, "setup")
+    return (
+        shaped or is_limited(step_type) or is_batched(step_type) or _overrides(step_type, "setup")
+    )
 
 
 def is_batched(step_type: type[JobStep[Any]]) -> bool:

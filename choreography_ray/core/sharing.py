@@ -7,8 +7,9 @@ The share between keys is start-time fair queuing (Goyal et al., 1996), deficit 
 exact twin for items of any cost: each key's head item carries a virtual start time; the item
 with the smallest goes next, and its key's next item starts `cost / weight` later. A key that
 had nothing waiting joins at the level's virtual time (the start of the item served last), so
-it goes next at once and an idle key saves no credit. Keys with nothing waiting are forgotten:
-the state grows with what waits, never with history. No Ray here.
+it goes next at once and an idle key saves no credit. A key with nothing waiting is
+remembered only while its next start is ahead of the virtual time: the state grows with what
+waits and was just served, never with history. No Ray here.
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ class _Level(Generic[T]):
     keys: dict[str, _Key[T]] = field(default_factory=dict)
     #: Virtual time: the start of the item served last.
     clock: float = 0.0
+    #: Keys served lately that have nothing waiting, with when their next item may start: a
+    #: key that comes back at once does not jump its turn. Kept while ahead of `clock`.
+    rested: dict[str, float] = field(default_factory=dict)
 
 
 class FairQueue(Generic[T]):
     """Items waiting, each with its `Share` and a cost (steps, for a batch)."""
 
     def __init__(self) -> None:
+        #: Per priority (five at most, kept once used), its keys.
         self._levels: dict[int, _Level[T]] = {}
         self._arrivals = itertools.count()
         self._size = 0
@@ -77,7 +82,8 @@ class FairQueue(Generic[T]):
         key = level.keys.get(share.key)
         weight = share.weight if share.weight > 0 else 1.0
         if key is None:
-            key = level.keys[share.key] = _Key(deque(), level.clock, weight)
+            start = max(level.clock, level.rested.pop(share.key, level.clock))
+            key = level.keys[share.key] = _Key(deque(), start, weight)
         key.weight = weight
         entry = (item, float(cost), next(self._arrivals))
         if front:
@@ -89,45 +95,44 @@ class FairQueue(Generic[T]):
     def peek(self) -> T | None:
         """The item that goes next, left queued (None: nothing waits)."""
         found = self._next()
-        return None if found is None else found[2].items[0][0]
+        return None if found is None else found[1].items[0][0]
 
     def pop(self) -> T:
         """Serves the item that goes next: its key's next item starts `cost / weight` later."""
         found = self._next()
         if found is None:
             raise IndexError("nothing waits")
-        priority, level, key, name = found
+        level, key, name = found
         item, cost, _ = key.items.popleft()
         level.clock = key.start
         key.start += cost / key.weight
         self._size -= 1
         if not key.items:
             del level.keys[name]
-            if not level.keys:
-                del self._levels[priority]
+            level.rested = {k: t for k, t in level.rested.items() if t > level.clock}
+            level.rested[name] = key.start
         return item
 
     def remove_if(self, drop: Callable[[T], bool]) -> list[T]:
         """Takes every item `drop` says out (a stopped job's), in arrival order."""
         dropped: list[tuple[int, T]] = []
-        for priority, level in list(self._levels.items()):
+        for level in self._levels.values():
             for name, key in list(level.keys.items()):
                 kept = deque(entry for entry in key.items if not drop(entry[0]))
                 dropped.extend((n, item) for item, _, n in key.items if drop(item))
                 key.items = kept
                 if not kept:
                     del level.keys[name]
-            if not level.keys:
-                del self._levels[priority]
         self._size -= len(dropped)
         return [item for _, item in sorted(dropped, key=lambda pair: pair[0])]
 
-    def waiting(self) -> dict[str, int]:
-        """Items waiting per fairness key (over every priority)."""
-        counts: dict[str, int] = {}
+    def waiting(self) -> dict[str, float]:
+        """The cost waiting per fairness key, over every priority (steps, where an item's
+        cost is its steps)."""
+        counts: dict[str, float] = {}
         for level in self._levels.values():
             for name, key in level.keys.items():
-                counts[name] = counts.get(name, 0) + len(key.items)
+                counts[name] = counts.get(name, 0) + sum(cost for _, cost, _ in key.items)
         return counts
 
     def __iter__(self) -> Iterator[T]:
@@ -137,10 +142,10 @@ class FairQueue(Generic[T]):
                 for item, _, _ in key.items:
                     yield item
 
-    def _next(self) -> tuple[int, _Level[T], _Key[T], str] | None:
-        if not self._levels:
+    def _next(self) -> tuple[_Level[T], _Key[T], str] | None:
+        priority = min((p for p, level in self._levels.items() if level.keys), default=None)
+        if priority is None:
             return None
-        priority = min(self._levels)
         level = self._levels[priority]
         name, key = min(level.keys.items(), key=lambda kv: (kv[1].start, kv[1].items[0][2]))
-        return priority, level, key, name
+        return level, key, name

@@ -18,6 +18,7 @@ from choreography_ray.core.messages import StepStart, starts_to_wire
 from choreography_ray.core.metrics import Labels
 from choreography_ray.core.placement import Placement, hosts_fit
 from choreography_ray.core.pool_rules import PoolDemand
+from choreography_ray.core.sharing import Share
 from choreography_ray.errors import StepHostUnknownError
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
@@ -146,14 +147,20 @@ class RayHosts:
             self.handles.update(hosts)
 
     async def start(
-        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
+        self,
+        host: str,
+        job_id: str,
+        batch: Sequence[StepStart],
+        labels: Labels,
+        epoch: int = 0,
+        share: Share = Share(),
     ) -> str:
         wire = starts_to_wire(batch)
         handle = self.handles[host]
         try:
             async with asyncio.timeout(START_SECONDS):
                 _started, incarnation = await handle.start_steps.remote(
-                    job_id, self.context, wire, tuple(labels), epoch
+                    job_id, self.context, wire, tuple(labels), epoch, tuple(share)
                 )
         except ray.exceptions.ActorDiedError:
             self._forget(host)

@@ -1,12 +1,21 @@
 """A step type on one host, run through one instance of it (`Lane`): set up once before its
-first step, at most `concurrency` performs (or batches) at once, and a batched type's steps
-gathered per job into batches. Used by a pool's types and by any type that overrides `setup` or
-`perform_batch` (`core.placement.uses_lane`); other types get an instance per step.
+first step, at most `concurrency` performs (or batches) at once (a type of the shared hosts
+that sets no `concurrency` of its own: as many as the host's capacity), and a batched type's
+steps gathered per job into batches. Used by a pool's types and by any type that overrides
+`setup` or `perform_batch`, or is limited (`core.placement.uses_lane`); other types get an
+instance per step.
+
+Waiting steps go in `core.sharing` order (`core.lane_queue`); a batch holds one job's steps. A
+limited type's steps first wait for a permit (`core.gate.Gate`): the lane asks for as many as
+it could start now and in one round more, and a step whose key is at its limit holds up no
+other key's.
 
 A lane sets its instance up before any step leaves its queue: `setup` runs as a task of its
 own while the steps wait queued, so a stop of their job ends them at once (STOPPED), even while
 `setup` hangs. A `setup` that raises fails one batch's worth of steps (those the lane would run
-next) with `SetupError`, and is called again for the next steps.
+next) with `SetupError`, and is called again for the next steps. A coroutine `setup` that
+blocks the event loop longer than `step_event_loop_block_limit` fails them too (its instance is
+kept), as a blocking perform or batch fails its steps (`runtime.outcomes`).
 
 A lane whose performs (or batches) fail `FAILURES_BEFORE_SETUP` times in a row makes a new
 instance and sets it up again before its next step (every third failure in a row); a pool's lane
@@ -28,13 +37,14 @@ import asyncio
 import functools
 import inspect
 import time
-from collections import OrderedDict, deque
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from choreography_ray.core.limits import Gate
+from choreography_ray.core.gate import Gate
+from choreography_ray.core.lane_queue import Item, LaneQueue
 from choreography_ray.core.messages import StepStart, describe
 from choreography_ray.core.placement import is_batched
 from choreography_ray.core.sharing import Share
@@ -53,16 +63,10 @@ FAILURES_BEFORE_SETUP = 3
 #: replaced: the 3 after the new instance's `setup` failed too, so the fault is the process or
 #: its device, and a new process (another incarnation: its steps start again elsewhere) is next.
 FAILURES_BEFORE_REPLACE = 6
-
-
-class Item(NamedTuple):
-    """A step waiting in a lane, since `arrived` (monotonic seconds)."""
-
-    job_id: str
-    start: StepStart
-    request: BaseModel
-    context: StepContext
-    arrived: float
+#: Rounds of performs (`concurrency` of them) a limited lane asks permits for beyond those it
+#: could start now: a perform that ends finds the next one's permits in hand, not a round trip
+#: to the limiter away.
+ROUNDS_AHEAD = 1
 
 
 class Finish(Protocol):
@@ -94,18 +98,24 @@ class Lane:
         finish: Finish,
         spawn: Spawn,
         replace: Replace | None = None,
+        capacity: int | None = None,
+        block_limit: Callable[[str], float] = lambda _job_id: 0.0,
     ) -> None:
+        """`capacity`: the steps the host runs at once, the lane's `concurrency` for a type of
+        the shared hosts that sets none itself; `block_limit`: a job's
+        `step_event_loop_block_limit` in seconds (0: off)."""
         self.step_type = step_type
         self.instance = step_type()
         self.batched = is_batched(step_type)
         self.size = step_type.batch_size if self.batched else 1
-        self._wait = step_type.batch_wait if self.batched else 0.0
-        self.concurrency = step_type.concurrency
+        self.concurrency = lane_concurrency(step_type, capacity)
+        self._keyed = step_type.max_concurrent_per_key is not None
         #: Performs (or batches) running now, and their steps.
         self.busy = 0
         self.performing = 0
-        #: Per job, its steps waiting; jobs take turns.
-        self.queued: OrderedDict[str, deque[Item]] = OrderedDict()
+        #: The steps waiting, in the order they start (`core.lane_queue`).
+        wait = step_type.batch_wait if self.batched else 0.0
+        self.queue = LaneQueue(self.size, wait, share_of)
         #: The contexts of the batches running now (a stop cancels them).
         self.batches: set[BatchContext] = set()
         #: The instance is set up: steps leave the queue only then.
@@ -120,69 +130,80 @@ class Lane:
         self._generation = 0
         self._replace = replace
         self._replaced = False
-        #: The type's share of its cluster-wide limits on this host (`core.limits`), if any.
+        #: The type's permits of its cluster-wide limits on this host (`core.gate`), if any.
         self.gate: Gate | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._pump_soon = False
         self._threads = threads
         #: A job's share of the lane and of the threads (`core.sharing`).
         self._share_of = share_of
+        self._block_limit = block_limit
         self._finish = finish
         self._spawn = spawn
         self._name = step_type.__qualname__
 
     def add(self, job_id: str, start: StepStart, request: BaseModel, context: StepContext) -> None:
-        queue = self.queued.setdefault(job_id, deque())
-        queue.append(Item(job_id, start, request, context, time.monotonic()))
-        if self.busy < self.concurrency:
+        """Queues a step; raises what its type's `concurrency_key` raised (the step fails)."""
+        key = self._key(request) if self._keyed else None
+        item = Item(job_id, start, request, context, time.monotonic(), key)
+        if self.gate is None:
+            self.queue.stage(item)
             self.pump()
+            return
+        self.queue.hold_back(item)
+        if not self._pump_soon:  # once for a start batch's steps, not once a step
+            self._pump_soon = True
+            asyncio.get_running_loop().call_soon(self._pumped_soon)
 
     @property
     def waiting(self) -> int:
-        return sum(map(len, self.queued.values()))
+        return len(self.queue)
 
     def pump(self) -> None:
-        """Starts performs (or batches) while fewer than `concurrency` run, jobs in turn. A
-        job's batch that is not full waits until its oldest step has waited `batch_wait`. No step
-        leaves the queue before the instance is set up, nor after the lane asked for its host to
-        be replaced: its steps wait for the host's end, and start again elsewhere."""
+        """Starts performs (or batches) while fewer than `concurrency` run, in `core.sharing`
+        order, and tells the gate what waits for a permit. A job's batch that is not full waits
+        until its oldest step has waited `batch_wait`. No step leaves the queue before the
+        instance is set up, nor after the lane asked for its host to be replaced: its steps wait
+        for the host's end, and start again elsewhere."""
         if self._replaced:
             return
         if not self.ready:
-            if self.queued and self._setting_up is None:
+            if self.waiting and self._setting_up is None:
                 self._setting_up = self._spawn(self._set_up(), f"setup {self._name}", None)
             return
-        while self.busy < self.concurrency and (job_id := self._next_job()) is not None:
-            queue = self.queued[job_id]
-            take = min(self.size, len(queue))
-            if self.gate is not None and not (take := self.gate.take(take)):
-                return  # the gate pumps again once the limiter grants more
-            items = [queue.popleft() for _ in range(take)]
-            if queue:
-                self.queued.move_to_end(job_id)  # the next job's turn
-            else:
-                del self.queued[job_id]
+        if self.gate is not None:
+            self.queue.admit(self.gate)
+        now = time.monotonic()
+        while self.busy < self.concurrency and (job_id := self.queue.next_job(now)) is not None:
+            items = self.queue.take(job_id, self.size)
             self.busy += 1
             self.performing += len(items)
             kind = "batch" if self.batched else "step"
             self._spawn(self._run(items), f"{kind} {self._name} {job_id}", job_id)
-        if self.gate is not None and not self.queued:
-            self.gate.idle()
-        if self.busy < self.concurrency and self.queued and self._timer is None:
+        if self.gate is not None:
+            # What could start now, and in one round more (`ROUNDS_AHEAD`).
+            rounds = (1 + ROUNDS_AHEAD) * self.concurrency - self.busy
+            self.gate.want(self.queue.wants(rounds * self.size - self.queue.staged))
+        due = self.queue.due()
+        if self.busy < self.concurrency and due is not None and self._timer is None:
             # Armed once: later steps only make the oldest batch's wait end later.
-            due = min(queue[0].arrived for queue in self.queued.values()) + self._wait
             self._timer = asyncio.get_running_loop().call_later(due - time.monotonic(), self._due)
 
     def _due(self) -> None:
         self._timer = None
         self.pump()
 
-    def _next_job(self) -> str | None:
-        """The first job, in turn, with a full batch or one that waited long enough."""
-        now = time.monotonic()
-        for job_id, queue in self.queued.items():
-            if len(queue) >= self.size or queue[0].arrived + self._wait <= now:
-                return job_id
-        return None
+    def _pumped_soon(self) -> None:
+        self._pump_soon = False
+        self.pump()
+
+    def _key(self, request: BaseModel) -> str | None:
+        key = self.instance.concurrency_key(request)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(
+                f"{self._name}.concurrency_key returned {type(key).__name__}, not a str or None"
+            )
+        return key
 
     def cancel(self, job_id: str) -> int:
         """A stop of the job: its waiting steps end stopped (their contexts are cancelled
@@ -190,11 +211,19 @@ class Lane:
         for context in self.batches:
             if context.job_id == job_id:
                 context.cancel()
-        queue = self.queued.pop(job_id, ())
-        for item in queue:
+        staged, held = self.queue.cancel(job_id)
+        self._give_back(staged)
+        items = staged + held
+        for item in items:
             self._finish(job_id, item.start, None, asyncio.CancelledError(), None)
         self.pump()  # the other jobs' batches need not wait for this one's
-        return len(queue)
+        return len(items)
+
+    def _give_back(self, items: list[Item]) -> None:
+        """The permits of steps that took one go back (they ended, or never started)."""
+        if self.gate is not None:
+            for key, n in Counter(item.key for item in items).items():
+                self.gate.done(key, n)
 
     async def _run(self, items: list[Item]) -> None:
         generation = self._generation
@@ -205,47 +234,47 @@ class Lane:
         finally:
             self.busy -= 1
             self.performing -= len(items)
-            if self.gate is not None:
-                self.gate.done(len(items))
+            self._give_back(items)
             self.pump()
 
     async def _set_up(self) -> None:
         """Sets the instance up (a new one first when its performs kept failing); when that
-        raises, the steps the lane would run next fail with its error, and the next steps call
-        it again. The steps wait queued meanwhile, where a stop reaches them."""
+        raises, or blocks the event loop too long, the steps the lane would run next fail with
+        its error, and the next steps call it again (not after blocking: the instance is set
+        up). The steps wait queued meanwhile, where a stop reaches them."""
+        driver: SliceDriver | None = None
         try:
             if self._stale:
                 self.instance = self.step_type()
                 self._stale = False
-            await self._call(self.instance.setup)
-        except BaseException as error:
-            task = asyncio.current_task()
-            if isinstance(error, asyncio.CancelledError) and task and task.cancelling():
-                raise  # the host is going away: no step failed
+            _, error, driver = await self._call(Share(), self.instance.setup)
+        except BaseException as raised:  # the new instance raised
+            error = raised
+        finally:
+            self._setting_up = None
+        task = asyncio.current_task()
+        if isinstance(error, asyncio.CancelledError) and task and task.cancelling():
+            raise error  # the host is going away: no step failed
+        failure: SetupError | None = None
+        if error is not None:
             failure = SetupError(f"{self._name}.setup failed: {describe(_original(error))}")
-            items = self._take_next()
+        elif driver is not None and (job_id := self.queue.next_waiting()) is not None:
+            limit = self._block_limit(job_id)
+            if 0 < limit < driver.longest_slice:
+                failure = SetupError(
+                    f"{self._name}.setup blocked the event loop for {driver.longest_slice:.2f} s "
+                    f"(limit {limit:g} s): await instead of blocking, or make setup sync"
+                )
+        if failure is not None:
+            staged, held = self.queue.take_next(time.monotonic())
+            self._give_back(staged)
+            items = staged + held
             for item in items:
                 self._finish(item.job_id, item.start, None, failure, None)
             if items:
                 self._count(True)
-        else:
-            self.ready = True
-        finally:
-            self._setting_up = None
+        self.ready = error is None
         self.pump()
-
-    def _take_next(self) -> list[Item]:
-        """Takes the steps the lane would run next: a batch's worth of the job in turn."""
-        job_id = self._next_job() or next(iter(self.queued), None)
-        if job_id is None:
-            return []
-        queue = self.queued[job_id]
-        items = [queue.popleft() for _ in range(min(self.size, len(queue)))]
-        if queue:
-            self.queued.move_to_end(job_id)
-        else:
-            del self.queued[job_id]
-        return items
 
     def _count(self, failed: bool) -> None:
         """Counts a perform (or batch, or `setup`) that failed or succeeded: after
@@ -269,10 +298,11 @@ class Lane:
 
     async def _perform(self, item: Item) -> bool | None:
         """Performs one step: whether it failed (None: not counted, `_failed`)."""
-        driver: SliceDriver | None = None
-        try:
-            result, driver = await self._call(self.instance.perform, item.request, item.context)
-        except BaseException as error:
+        share = self._share_of(item.job_id)
+        result, error, driver = await self._call(
+            share, self.instance.perform, item.request, item.context
+        )
+        if error is not None:
             self._finish(item.job_id, item.start, None, _original(error), driver)
             return None if item.context.is_cancelled else True
         self._finish(item.job_id, item.start, result, None, driver)
@@ -284,15 +314,17 @@ class Lane:
         if any(item.context.is_cancelled for item in items):
             context.cancel()
         self.batches.add(context)
-        driver: SliceDriver | None = None
         try:
             requests = [item.request for item in items]
-            results, driver = await self._call(self.instance.perform_batch, requests, context)
-        except BaseException as error:
-            self._end(items, _original(error), driver)
-            return None if context.is_cancelled else True
+            share = self._share_of(context.job_id)
+            results, error, driver = await self._call(
+                share, self.instance.perform_batch, requests, context
+            )
         finally:
             self.batches.discard(context)
+        if error is not None:
+            self._end(items, _original(error), driver)
+            return None if context.is_cancelled else True
         if not isinstance(results, list | tuple) or len(results) != len(items):
             got = (
                 f"{len(results)} results"
@@ -310,19 +342,40 @@ class Lane:
         for item in items:
             self._finish(item.job_id, item.start, None, error, driver)
 
-    async def _call(self, method: Callable[..., Any], *args: Any) -> tuple[Any, SliceDriver | None]:
+    async def _call(
+        self, share: Share, method: Callable[..., Any], *args: Any
+    ) -> tuple[Any, BaseException | None, SliceDriver | None]:
         """Runs a method of the instance: a coroutine function slice by slice on this loop (its
-        slices timed), else in the thread pool. `KeyboardInterrupt` and `SystemExit` come out
-        as `PerformExit`, never into the event loop."""
-        if inspect.iscoroutinefunction(method):
-            driver = SliceDriver(method(*args))
-            try:
-                done, out = driver.step()
-            except (KeyboardInterrupt, SystemExit) as exit_:
-                raise PerformExit(exit_) from exit_
-            return (out if done else await driver.finish(out)), driver
-        call = functools.partial(_guarded, method, *args)
-        return await self._threads.run(Share(), call), None
+        slices timed by the driver, so one that blocked the loop is found out even when it
+        raised), else in the thread pool in its job's turn (`share`). Returns (result, error,
+        driver): whatever the method raised is its steps' error, `KeyboardInterrupt` and
+        `SystemExit` as `PerformExit`, never into the event loop."""
+        driver: SliceDriver | None = None
+        try:
+            if inspect.iscoroutinefunction(method):
+                driver = SliceDriver(method(*args))
+                try:
+                    done, out = driver.step()
+                except (KeyboardInterrupt, SystemExit) as exit_:
+                    raise PerformExit(exit_) from exit_
+                return (out if done else await driver.finish(out)), None, driver
+            call = functools.partial(_guarded, method, *args)
+            return await self._threads.run(share, call), None, None
+        except BaseException as error:
+            return None, error, driver
+
+
+def lane_concurrency(step_type: type[JobStep[Any]], capacity: int | None) -> int:
+    """The performs (or batches) a lane runs at once: its type's `concurrency`, or, for a type
+    of the shared hosts that sets none itself (nor a base of it below `JobStep`), the host's
+    `capacity`."""
+    if capacity is None or step_type.resources is not None:
+        return step_type.concurrency
+    own = any(
+        "concurrency" in vars(base)
+        for base in step_type.__mro__[: step_type.__mro__.index(JobStep)]
+    )
+    return step_type.concurrency if own else capacity
 
 
 def _guarded(method: Callable[..., Any], *args: Any) -> Any:

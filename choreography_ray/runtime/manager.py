@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 import ray
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
 
 from choreography_ray.core.cleanup import Claims, Cleanup, CleanupPolicy, drops_records
@@ -37,6 +37,7 @@ from choreography_ray.core.metrics import (
 )
 from choreography_ray.core.resuming import Resume, check_retry_failed, resume_action
 from choreography_ray.core.retries import STANDARD
+from choreography_ray.core.sharing import check_priority
 from choreography_ray.core.spares import SPARE_SECONDS, Spares
 from choreography_ray.core.stopping import refuse_stop
 from choreography_ray.core.turns import Supervisor
@@ -120,13 +121,15 @@ class ManagerCore:
         job_id: str | None = None,
         resume_after: ResumeAfter | None = None,
         held: bool = False,
+        priority: int | None = None,
     ) -> tuple[str, StartJobError | None]:
         """Starts a job; `job_id` (a fresh id) is the caller's choice when given: the
         scheduler links a run to its job before the job's steps can ask for it. A job type
         with `checkpoint_stages` starts after `resume_after`'s stage (the scheduler's retry
         of a failed run); another ignores it. `held`: the caller reads the job's outcome from
         storage and calls `release` once it has, so a job type that does not keep its
-        finished records (`keep_after_completed` off) keeps them until then."""
+        finished records (`keep_after_completed` off) keeps them until then. `priority`
+        (None: the type's) and the type's fairness key are stored with the job."""
         # Before anything is stored: a request is stored whole in the job's record.
         size = len(to_json(request, serialize_unknown=True))
         if size > self.options.max_request_bytes:
@@ -143,6 +146,7 @@ class ManagerCore:
             validated = cls.request_type().model_validate(request)
         except ValidationError as error:
             raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
+        priority, fairness_key = self._share(cls, job_type, validated, priority)
         job_id = job_id or self.spares.take(time.monotonic()) or uuid.uuid4().hex
         state = JobState(
             id=job_id,
@@ -152,6 +156,8 @@ class ManagerCore:
             request=validated.model_dump(mode="json"),
             resume_after=resume_after if cls.checkpoint_stages else None,
             held=held and drops_records(cls),
+            priority=priority,
+            fairness_key=fairness_key,
         ).with_status(JobStatus.PREPARING_JOB)
         self._starting.add(job_id)
         try:
@@ -173,6 +179,40 @@ class ManagerCore:
         finally:
             self._starting.discard(job_id)
         return job_id, start_error
+
+    def _share(
+        self, cls: type[Job[Any]], job_type: str, request: BaseModel, priority: int | None
+    ) -> tuple[int, str]:
+        """The job's priority (`priority`, else its type's) and fairness key (its type's
+        `fairness_key`, asked of a job made as its actor makes it; else the namespace). A
+        priority not from 1 to 5 (the start's or the type's), or a `fairness_key` that raises
+        or returns no str, refuses the start (`INVALID_REQUEST`) before anything is stored or
+        an id taken."""
+        try:
+            default = check_priority(cls.priority)
+        except ValueError as error:
+            message = f"{job_type}.priority: {error}"
+            raise JobOperationError(StartJobError.INVALID_REQUEST, message) from None
+        try:
+            checked = default if priority is None else check_priority(priority)
+        except ValueError as error:
+            raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
+        try:
+            job = cls()
+            job.scope, job.namespace, job.options = self.key.scope, self.key.namespace, self.options
+            key = job.fairness_key(request)
+        except Exception as error:
+            raise JobOperationError(
+                StartJobError.INVALID_REQUEST, f"{job_type}.fairness_key raised {error!r}"
+            ) from None
+        if key is None:
+            return checked, self.key.namespace
+        if not isinstance(key, str):
+            raise JobOperationError(
+                StartJobError.INVALID_REQUEST,
+                f"{job_type}.fairness_key returned {key!r}, not a str or None",
+            )
+        return checked, key
 
     def _refill_spares(self) -> None:
         """Creates the spare job actors missing, in a named task (one at a time)."""
@@ -392,8 +432,9 @@ class JobsManagerActor:
         job_id: str | None = None,
         resume_after: ResumeAfter | None = None,
         held: bool = False,
+        priority: int | None = None,
     ) -> tuple[str, StartJobError | None]:
-        return await self.core.start(job_type, request, job_id, resume_after, held)
+        return await self.core.start(job_type, request, job_id, resume_after, held, priority)
 
     async def get(self, job_id: str) -> JobState:
         return await self.core.get(job_id)

@@ -8,6 +8,8 @@ DEFAULT_NAMESPACE = "choreography"
 RECOVERY = "recovery"
 #: The pools' owner (`runtime/pool_owner.py`), one per Ray namespace.
 POOLS = "pools"
+#: The limiter of every limit of the cluster (`runtime/limits.py`), one per Ray namespace.
+LIMITER = "limiter"
 
 
 def manager_name(scope: str, namespace: str) -> str:
@@ -24,10 +26,6 @@ def job_name(job_id: str) -> str:
 
 def step_host_name(node_id: str, index: int) -> str:
     return f"step-host/{node_id}/{index}"
-
-
-def limiter_name(step_type_path: str) -> str:
-    return f"limit/{step_type_path}"
 
 
 def pool_prefix(shape: str = "") -> str:

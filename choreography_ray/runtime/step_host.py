@@ -28,7 +28,7 @@ import functools
 import inspect
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -40,15 +40,16 @@ from choreography_ray.core.messages import (
     starts_from_wire,
 )
 from choreography_ray.core.metrics import UNKNOWN, Labels
-from choreography_ray.core.placement import placement_of, uses_lane
-from choreography_ray.core.sharing import Share
+from choreography_ray.core.placement import check_limits, is_limited, placement_of, uses_lane
+from choreography_ray.core.sharing import FairQueue, Share
+from choreography_ray.limit import Limit
 from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.driver import PerformExit, SliceDriver
 from choreography_ray.runtime.fences import Fences
 from choreography_ray.runtime.lanes import Lane
 from choreography_ray.runtime.leaving import Leave, Leaving, end_actor, restart_actor
-from choreography_ray.runtime.limits import gate_for, limited
+from choreography_ray.runtime.limits import gate_for
 from choreography_ray.runtime.outbox import Outbox
 from choreography_ray.runtime.outcomes import outcome_of
 from choreography_ray.runtime.pools import record_pool_gauges
@@ -56,6 +57,7 @@ from choreography_ray.runtime.process import tune_gc
 from choreography_ray.runtime.tasks import Tasks
 from choreography_ray.runtime.tenant import Tenant
 from choreography_ray.runtime.threads import FairThreads
+from choreography_ray.runtime.waiting import record_waiting
 from choreography_ray.status import StepStatus
 from choreography_ray.step import JobStep, StepContext
 from choreography_ray.types import import_type
@@ -93,6 +95,9 @@ class StepHostCore:
         self.holds: Counter[str] = Counter()
         self.drop_deliveries: set[str] = set()
         self._room = asyncio.Condition()
+        #: Starts waiting for room, in the order they go (`core.sharing`): priority, then
+        #: weighted fair shares between fairness keys, then first come.
+        self.admission: FairQueue[object] = FairQueue()
         #: The host's background tasks, a job's holding its entries (`runtime.tasks`).
         self.tasks = Tasks(self._hold, self._release)
         self.spawn = self.tasks.spawn
@@ -143,10 +148,13 @@ class StepHostCore:
         steps: Sequence[StepStart],
         labels: Labels = UNKNOWN,
         epoch: int = 0,
+        share: Share | None = None,
     ) -> int:
         """Persists RUNNING for the batch, starts every step, and returns how many started.
-        Waits while the host is at capacity, which throttles the caller's start operations.
-        A step already running here is not started twice. `labels` are the job's metric tags.
+        Waits while the host is at capacity, which throttles the caller's start operations;
+        the starts waiting go in the order of their jobs' `share` (`core.sharing`), and the
+        job's sync steps wait for a thread in that order too. A step already running here is
+        not started twice. `labels` are the job's metric tags.
         A start of an activation older than one that asked this host already (`epoch`) is
         refused with `StaleActivationError`, also after waiting for room."""
         if self.leave.leaving:
@@ -156,25 +164,44 @@ class StepHostCore:
         self.fences.see_epoch(job_id, epoch)
         self._hold(job_id)
         self.job_labels[job_id] = labels
+        if share is not None:
+            self.job_share[job_id] = share
         try:
             return await self._start_steps(job_id, self.tenant(job_id, context), steps, epoch)
         finally:
             self._release(job_id)
+
+    def _admits(self, ticket: object, steps: int) -> bool:
+        """Whether a start waiting for room goes now: it is the next in `admission`'s order,
+        and its steps fit (or nothing runs here)."""
+        return self.admission.peek() is ticket and (
+            not self.running or len(self.running) + steps <= self.capacity
+        )
 
     async def _start_steps(
         self, job_id: str, tenant: Tenant, steps: Sequence[StepStart], epoch: int
     ) -> int:
         fences = self.fences
         fence = fences.raised[job_id]
+        ticket = object()
+        self.admission.push(ticket, self.share_of(job_id), cost=len(steps))
         async with self._room:
-            await self._room.wait_for(
-                lambda: (
-                    fences.raised[job_id] != fence
-                    or fences.superseded(job_id, epoch)
-                    or not self.running
-                    or len(self.running) + len(steps) <= self.capacity
+            try:
+                await self._room.wait_for(
+                    lambda: (
+                        fences.raised[job_id] != fence
+                        or fences.superseded(job_id, epoch)
+                        or self._admits(ticket, len(steps))
+                    )
                 )
-            )
+            finally:
+                # Served when admitted; else (refused, cancelled) out of the order. Either
+                # way the next start in order may go now.
+                if self.admission.peek() is ticket:
+                    self.admission.pop()
+                else:
+                    self.admission.remove_if(lambda waiting: waiting is ticket)
+                self._room.notify_all()
             fences.see_epoch(job_id, epoch)  # a newer activation asked while this one waited
             if fences.raised[job_id] != fence:
                 raise RuntimeError(
@@ -252,7 +279,7 @@ class StepHostCore:
             )
             request = request_type.model_validate_json(step.request_json)
             if lane:
-                self._lane(step_type).add(job_id, step, request, context)
+                self._lane(step_type, options).add(job_id, step, request, context)
                 return
             perform = step_type().perform
             if is_async:
@@ -274,17 +301,40 @@ class StepHostCore:
         self.running[key] = (context, task)
         task.add_done_callback(lambda t: self._finish_task(job_id, step, t, driver))
 
-    def _lane(self, step_type: type[JobStep[Any]]) -> Lane:
+    def _lane(self, step_type: type[JobStep[Any]], options: JobsOptions) -> Lane:
+        """The type's lane, made for its first step here: as many performs at once as this
+        host's capacity unless the type (or a pool) says its `concurrency`, and a limited type's
+        gate (`runtime.limits`). A step whose options do not configure a limit its type names
+        fails (`TypeError`)."""
+        check_limits(step_type, options.limits)
         lane = self.lanes.get(step_type)
         if lane is None:
             # Only a pool's host is replaced: a shared host runs every other type too.
             replace = self._replace if step_type.resources is not None else None
-            lane = Lane(step_type, self.threads, self.share_of, self._finish, self.spawn, replace)
+            lane = Lane(step_type, self.threads, self.share_of, self._finish, self.spawn, replace,
+                        self.capacity, self._block_limit)  # fmt: skip
             self.lanes[step_type] = lane
-            if limited(step_type):
-                lane.gate = gate_for(step_type, self.namespace, self.incarnation, self.spawn)
+            if is_limited(step_type):
+                lane.gate = gate_for(step_type, self.namespace, self.incarnation, self.spawn,
+                                     self._named_limits(step_type), self._metrics_on)  # fmt: skip
                 lane.gate.wake = lane.pump
         return lane
+
+    def _named_limits(self, step_type: type[JobStep[Any]]) -> Callable[[], dict[str, Limit]]:
+        """The named limits of the type as this host's connections' options configure them."""
+        return lambda: {
+            name: tenant.options.limits[name]
+            for tenant in self.tenants.values()
+            for name in step_type.limits
+            if name in tenant.options.limits
+        }
+
+    def _metrics_on(self) -> bool:
+        return any(tenant.options.metrics for tenant in self.tenants.values())
+
+    def _block_limit(self, job_id: str) -> float:
+        tenant = self.job_tenant.get(job_id)
+        return 0.0 if tenant is None else tenant.options.step_event_loop_block_limit.total_seconds()
 
     def _replace(self) -> None:
         """A lane kept failing after a new setup: this process ends, Ray starts it again, and
@@ -328,9 +378,11 @@ class StepHostCore:
             # Kept while the job holds anything here: until its last delivery is done.
             self.removing_jobs.add(job_id)
         told = 0
-        for (owner, _), (context, _task) in list(self.running.items()):
+        for (owner, _), (context, task) in list(self.running.items()):
             if owner == job_id:
                 context.cancel()
+                if task is not None:
+                    self.threads.drop(task)  # a sync step still waiting for a thread ends now
                 told += 1
         for lane in self.lanes.values():
             lane.cancel(job_id)  # its steps waiting in a lane end stopped now
@@ -379,6 +431,12 @@ class StepHostCore:
             "leaving": self.leave.leaving,
             "idle": not self.holds,
         }
+
+    def waiting_by_key(self) -> dict[str, float]:
+        """Steps waiting here for capacity, per fairness key: for room, for a thread."""
+        counts = Counter(self.admission.waiting())
+        counts.update(self.threads.waiting.waiting())
+        return dict(counts)
 
     def leave_if_idle(self) -> bool:
         """Leaves for good when the host holds nothing (`Leaving.if_idle`)."""
@@ -438,6 +496,7 @@ class StepHost:
         configure_actor()
         tune_gc()
         self.core = StepHostCore(namespace, capacity)
+        self.core.spawn(record_waiting(self.core), "waiting-gauges")
         if idle_timeout is not None:
             self.core.spawn(self.core.leave.when_idle(idle_timeout), "leave-when-idle")
         if shape is not None:
@@ -460,13 +519,16 @@ class StepHost:
         steps: bytes | list[StartWire],
         labels: tuple[str, str, str] | None = None,
         epoch: int = 0,
+        share: tuple[int, str, float] | None = None,
     ) -> tuple[int, str]:
         """How many steps started, and this host's incarnation (what the job watches).
-        `labels` (scope, namespace, job type) tag what the host records of the job; a job
-        actor of an earlier release sends none."""
+        `labels` (scope, namespace, job type) tag what the host records of the job, and
+        `share` (priority, fairness key, weight) orders its steps where they wait here; a job
+        actor of an earlier release sends neither."""
         job_labels = UNKNOWN if labels is None else Labels(*labels)
+        job_share = None if share is None else Share(*share)
         starts = starts_from_wire(steps)
-        started = await self.core.start_steps(job_id, context, starts, job_labels, epoch)
+        started = await self.core.start_steps(job_id, context, starts, job_labels, epoch, job_share)
         return started, self.core.incarnation
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:

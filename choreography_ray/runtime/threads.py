@@ -20,6 +20,8 @@ class FairThreads:
         self.threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=prefix)
         self._waiting: FairQueue[Call] = FairQueue()
+        #: The futures of the calls waiting (not handed to the pool yet).
+        self._queued: set[asyncio.Future[Any]] = set()
         #: Calls handed to the pool and not done.
         self.busy = 0
 
@@ -32,13 +34,24 @@ class FairThreads:
         the future before the call began drops it."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.push((call, args, future), share)
+        self._queued.add(future)
         self._hand_out()
         return future
+
+    def drop(self, future: asyncio.Future[Any]) -> bool:
+        """Cancels a call that has not begun (a stop of its step's job); False when it has
+        begun, or is not one of these."""
+        if future not in self._queued:
+            return False
+        self._queued.discard(future)
+        future.cancel()
+        return True
 
     def _hand_out(self) -> None:
         loop = asyncio.get_running_loop()
         while self.busy < self.threads and self._waiting:
             call, args, future = self._waiting.pop()
+            self._queued.discard(future)
             if future.cancelled():
                 continue
             self.busy += 1

@@ -10,9 +10,10 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
 
     jobs                one record per job. Key: job id. Fields: scope, namespace, type, status,
                         status_changes, stage, progress, request, has_plan, stop_finalized,
-                        records_counted_steps, error, created, resume_after, held, version,
-                        schema_version, and status_since: when it reached its status
-                        (`JobState.status_since`, derived, written with every save).
+                        records_counted_steps, error, created, resume_after, held, priority,
+                        fairness_key, version, schema_version, and status_since: when it
+                        reached its status (`JobState.status_since`, derived, written with
+                        every save).
                         Indexes: (scope, namespace, status): `list_unsettled_jobs`',
                         (status, stop_finalized),
                         (scope, namespace, status, status_since): the cleanup query's,

@@ -89,7 +89,7 @@ _KIND_NO = {CountedKind.COMPLETED: 0, CountedKind.STOPPED: 1}
 _JOB_COLUMNS = (
     "id", "scope", "namespace", "type", "status", "stage", "progress", "request",
     "status_changes", "has_plan", "stop_finalized", "records_counted_steps", "error", "created",
-    "version", "schema_version", "resume_after", "held",
+    "version", "schema_version", "resume_after", "held", "priority", "fairness_key",
 )  # fmt: skip
 #: What a save writes: the columns read back, and `status_since`, derived for the cleanup index.
 _JOB_WRITTEN = (*_JOB_COLUMNS, "status_since")
@@ -588,7 +588,7 @@ def _job_row(job: JobState) -> tuple[Any, ...]:
         job.records_counted_steps, job.error, _instant(job.created),
         job.version, SCHEMA_VERSION,
         None if job.resume_after is None else job.resume_after.model_dump_json(), job.held,
-        utc_text(job.status_since),
+        job.priority, job.fairness_key, utc_text(job.status_since),
     )  # fmt: skip
 
 

@@ -6,8 +6,10 @@ Layout (JSON columns hold pydantic's JSON of the field)::
     jobs                rowid table. id TEXT PRIMARY KEY, scope, namespace, type, status, stage,
                         progress JSON, request JSON, status_changes JSON, has_plan,
                         stop_finalized, records_counted_steps, error, created (ISO-8601, UTC),
-                        version, schema_version, resume_after JSON or NULL, held, status_since
-                        (fixed-width UTC ISO-8601: written with every save, never read back).
+                        version, schema_version, resume_after JSON or NULL, held, priority,
+                        fairness_key ('' on a row of an older release: the namespace),
+                        status_since (fixed-width UTC ISO-8601: written with every save, never
+                        read back).
                         Indexes: (scope, namespace, status): `list_unsettled_jobs` reads
                         one range per status; (status, stop_finalized),
                         (scope, namespace, status, status_since, id) for the cleanup query,
@@ -32,14 +34,15 @@ Layout (JSON columns hold pydantic's JSON of the field)::
 
 Opening a file creates what is missing, in one transaction: the tables, then the columns a file
 of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`, `error`,
-`version`, `schema_version`, `resume_after`, `held` and `status_since` of `jobs`; `attempt`,
-`lease`, `is_prepared`, `schema_version` and `failure_signature` of `job_steps`), each with the
-default its field reads as (`schema_version` 1; `has_plan` 1 for a job whose progress has
-totals, which are written with the plan; `status_since` from each row's status history), then
-the indexes. A row an older release writes into a newer file has no `status_since` (NULL) and
-is no cleanup candidate until this release saves it. Every row is written with this release's
-`SCHEMA_VERSION`; a row of a newer one is refused with `UnsupportedSchemaError` before it is
-parsed.
+`version`, `schema_version`, `resume_after`, `held`, `status_since`, `priority` and
+`fairness_key` of `jobs`; `attempt`, `lease`, `is_prepared`, `schema_version` and
+`failure_signature` of `job_steps`), each with the default its field reads as (`schema_version`
+1; `priority` 3; `fairness_key` '', read as the namespace; `has_plan` 1 for a job whose progress
+has totals, which are written with the plan; `status_since` from each row's status history),
+then the indexes. A row an older release writes into a newer file has no `status_since` (NULL)
+and is no cleanup candidate until this release saves it; it gets the same `priority` and
+`fairness_key` defaults. Every row is written with this release's `SCHEMA_VERSION`; a row of a
+newer one is refused with `UnsupportedSchemaError` before it is parsed.
 
 A storage opened with `read_only` (`open_storage(url, read_only=True)`: the CLI's read-only
 commands) creates nothing: a missing file is `StorageUnavailableError` (no file or directory is
@@ -58,17 +61,19 @@ import re
 import sqlite3
 from datetime import datetime
 
+from choreography_ray.core.sharing import DEFAULT_PRIORITY
 from choreography_ray.model import FIRST_SCHEMA_VERSION
 from choreography_ray.storage import utc_text
 
-TABLES = """
+TABLES = f"""
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, scope TEXT NOT NULL, namespace TEXT NOT NULL, type TEXT NOT NULL,
     status TEXT NOT NULL, stage INTEGER NOT NULL, progress TEXT NOT NULL, request TEXT NOT NULL,
     status_changes TEXT NOT NULL, has_plan INTEGER NOT NULL, stop_finalized INTEGER NOT NULL,
     records_counted_steps INTEGER NOT NULL, error TEXT, created TEXT NOT NULL,
     version INTEGER NOT NULL, schema_version INTEGER NOT NULL, resume_after TEXT,
-    held INTEGER NOT NULL DEFAULT 0, status_since TEXT);
+    held INTEGER NOT NULL DEFAULT 0, status_since TEXT,
+    priority INTEGER NOT NULL DEFAULT {DEFAULT_PRIORITY}, fairness_key TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS job_steps (
     job_id TEXT NOT NULL, step_id TEXT NOT NULL, type TEXT NOT NULL, stage INTEGER NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, lease TEXT, is_prepared INTEGER NOT NULL,
@@ -106,6 +111,8 @@ ADDED_COLUMNS = {
         "resume_after": "TEXT",
         "held": "INTEGER NOT NULL DEFAULT 0",
         "status_since": "TEXT",
+        "priority": f"INTEGER NOT NULL DEFAULT {DEFAULT_PRIORITY}",
+        "fairness_key": "TEXT NOT NULL DEFAULT ''",
     },
     "job_steps": {
         "attempt": "INTEGER NOT NULL DEFAULT 0",

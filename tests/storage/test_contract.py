@@ -381,6 +381,57 @@ async def test_held__stored_and_read_back(storage: Storage) -> None:
     assert (await storage.get_job("j1")).held is False  # type: ignore[union-attr]
 
 
+def share(state: JobState | None) -> tuple[int, str, str]:
+    assert state is not None
+    return state.priority, state.fairness_key, state.share_key
+
+
+async def test_priority_and_fairness_key__stored_and_read_back(storage: Storage) -> None:
+    stored = await storage.create_job(job("j1", priority=1, fairness_key="tenant-a"))
+    assert share(await storage.get_job("j1")) == (1, "tenant-a", "tenant-a")
+    await storage.save_job(stored.model_copy(update={"priority": 5, "fairness_key": "b"}))
+    assert share(await storage.get_job("j1")) == (5, "b", "b")
+    (listed,) = await storage.list_jobs("s", "n")
+    assert share(listed) == (5, "b", "b")
+
+
+async def test_priority_and_fairness_key__a_record_stored_without_them_reads_3_and_the_namespace(
+    storage: Storage, provider: str, storage_url: str
+) -> None:
+    """As a record of the release before them: written, then the fields taken out around the
+    API (an SQLite file loses the columns, and gains them again when it is opened)."""
+    await storage.create_job(job("old", priority=1, fairness_key="tenant-a"))
+    if provider == "memory":
+        assert isinstance(storage, MemoryStorage)
+        record = storage.jobs["old"].model_dump(exclude={"priority", "fairness_key"})
+        storage.jobs["old"] = JobState.model_validate(record)
+    elif provider == "sqlite":
+        await storage.close()
+        with sqlite3.connect(storage_url.removeprefix("sqlite:///")) as connection:
+            connection.execute("ALTER TABLE jobs DROP COLUMN priority")
+            connection.execute("ALTER TABLE jobs DROP COLUMN fairness_key")
+        reader = open_storage(storage_url, read_only=True)  # reads it as the upgrade would
+        try:
+            assert share(await reader.get_job("old")) == (3, "", "n")
+        finally:
+            await reader.close()
+        storage = open_storage(storage_url)
+    else:
+        import pymongo
+
+        client: pymongo.MongoClient[dict[str, object]]
+        with pymongo.MongoClient(storage_url) as client:
+            database: pymongo.database.Database[dict[str, object]] = client.get_default_database()
+            unset = {"$unset": {"priority": "", "fairness_key": ""}}
+            database.jobs.update_one({"_id": "old"}, unset)
+            assert "priority" not in (database.jobs.find_one("old") or {})
+    try:
+        assert share(await storage.get_job("old")) == (3, "", "n")
+    finally:
+        if provider == "sqlite":
+            await storage.close()
+
+
 async def test_mongodb__a_job_stored_without_status_since_is_found_by_the_cleanup_query(
     storage: Storage, provider: str, storage_url: str
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 import choreography_ray
 
 #: The top-level modules whose public classes and enums are part of the public API.
-PUBLIC_MODULES = ("model", "status", "errors", "options")
+PUBLIC_MODULES = ("model", "status", "errors", "options", "limit")
 
 
 def test_all_names_exist() -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.messages import Outcome, StepStart, failed
 from choreography_ray.core.metrics import Counter, Histogram, Labels
+from choreography_ray.core.sharing import Share
 from choreography_ray.core.placement import Placement
 from choreography_ray.core.pool_rules import PoolDemand
 from choreography_ray.errors import (
@@ -77,6 +78,7 @@ class FakeHosts:
         self.calls: list[tuple[str, list[StepStart]]] = []
         #: The metric labels each start operation carried, in the same order.
         self.labels: list[Labels] = []
+        self.shares: list[Share] = []
         #: Every step a host stored RUNNING and ran, in order (a restart appears again).
         self.started: list[StepStart] = []
         #: What runs now, by (host, step id).
@@ -158,12 +160,19 @@ class FakeHosts:
         self.synced.append((job_id, list(demands)))
 
     async def start(
-        self, host: str, job_id: str, batch: Sequence[StepStart], labels: Labels, epoch: int = 0
+        self,
+        host: str,
+        job_id: str,
+        batch: Sequence[StepStart],
+        labels: Labels,
+        epoch: int = 0,
+        share: Share = Share(),
     ) -> str:
         """A start operation, once sent, runs on its host even when the activation that sent
         it is gone (its caller cancelled)."""
         self.calls.append((host, list(batch)))
         self.labels.append(labels)
+        self.shares.append(share)
         on_host = asyncio.ensure_future(self._start(host, job_id, batch, epoch))
         on_host.add_done_callback(lambda done: done.cancelled() or done.exception())
         await asyncio.shield(on_host)

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from choreography_ray.core.sharing import DEFAULT_PRIORITY
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.metrics import NO_METRICS, Metrics
 from choreography_ray.job import Job
@@ -127,10 +128,13 @@ async def create(
     resume_after: ResumeAfter | None = None,
     held: bool = False,
     metrics: Metrics = NO_METRICS,
+    priority: int = DEFAULT_PRIORITY,
+    fairness_key: str = "",
     **options: Any,
 ) -> Harness:
     """A job stored PREPARING_JOB (as `runtime/manager.py` creates it; after a checkpoint with
-    `resume_after`; held for its starter with `held`) and its activation."""
+    `resume_after`; held for its starter with `held`; with its `priority` and `fairness_key`)
+    and its activation."""
     storage = MemoryStorage() if storage is None else storage
     hosts = FakeHosts(storage) if hosts is None else hosts
     job_id = uuid.uuid4().hex
@@ -142,6 +146,8 @@ async def create(
         request=request.model_dump(mode="json"),
         resume_after=resume_after,
         held=held,
+        priority=priority,
+        fairness_key=fairness_key,
     ).with_status(JobStatus.PREPARING_JOB)
     await storage.create_job(state)
     harness = Harness(job_id, storage, hosts, JobsOptions(**{**DEFAULTS, **options}), metrics)

@@ -16,6 +16,7 @@ from choreography_ray.core.placement import (
     SHARED,
     Placement,
     actor_resources,
+    check_limits,
     hosts_fit,
     is_batched,
     placement_of,
@@ -203,6 +204,16 @@ def test_placement_of__empty_resources_are_a_pool_of_shape_none() -> None:
             "Wrong.max_per_second must be None or a number > 0, not -2.0",
             id="max-per-second-negative",
         ),
+        pytest.param(
+            {"max_concurrent_per_key": 0},
+            "Wrong.max_concurrent_per_key must be None or an int >= 1, not 0",
+            id="max-concurrent-per-key-0",
+        ),
+        pytest.param(
+            {"limits": "crm-api"},
+            "Wrong.limits must be a tuple of limit names, not 'crm-api'",
+            id="limits-a-string",
+        ),
     ],
 )
 def test_placement_of__a_wrong_attribute_is_a_type_error_naming_it(
@@ -329,6 +340,26 @@ def test_uses_lane__a_type_that_overrides_setup_does() -> None:
 
 def test_uses_lane__a_type_that_overrides_perform_batch_does_and_is_batched() -> None:
     assert (uses_lane(Batched), is_batched(Batched)) == (True, True)
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [{"max_concurrent": 5}, {"max_per_second": 2.0}, {"max_concurrent_per_key": 2},
+     {"limits": ("crm-api",)}],
+    ids=["max-concurrent", "max-per-second", "per-key", "named"],
+)  # fmt: skip
+def test_uses_lane__a_limited_type_does(attributes: dict[str, Any]) -> None:
+    assert uses_lane(step_type("Limited", **attributes))
+
+
+def test_check_limits__a_named_limit_the_options_do_not_configure_is_a_type_error() -> None:
+    limited = step_type("CallCrm", limits=("crm-api", "mail"))
+
+    check_limits(limited, {"crm-api", "mail"})
+    with pytest.raises(TypeError) as raised:
+        check_limits(limited, {"crm-api"})
+
+    assert "CallCrm.limits names 'mail', which JobsOptions.limits does not" in str(raised.value)
 
 
 def test_is_batched__a_subclass_of_a_batched_type_is_batched() -> None:

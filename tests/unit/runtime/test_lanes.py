@@ -6,20 +6,25 @@ to its step, and a lane that keeps failing set up again, then its pool's host re
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
 import pytest
 from pydantic import BaseModel
 
-from choreography_ray import JobStep
+from choreography_ray import JobsOptions, JobStep, StepStatus
+from choreography_ray.core.gate import Gate
+from choreography_ray.core.limits import Holding, Key, LimitCore, TypeLimits, Want
 from choreography_ray.core.messages import StepStart
-from choreography_ray.runtime.driver import SliceDriver
 from choreography_ray.core.sharing import Share
+from choreography_ray.runtime.driver import SliceDriver
+from choreography_ray.runtime.lanes import Lane, SetupError, lane_concurrency
+from choreography_ray.runtime.outcomes import outcome_of
 from choreography_ray.runtime.threads import FairThreads
-from choreography_ray.runtime.lanes import Lane, SetupError
 from choreography_ray.step import BatchContext, StepContext, StepResult
 from tests.unit.core.harness import eventually
 
@@ -39,15 +44,35 @@ class Number(BaseModel):
 
 class Host:
     """What a step host gives a lane, recording what the lane does: each step's end as
-    (job_id, step_id, result, error), the tasks it spawned, and how often it asked for the host
-    to be replaced (a pool's type only, as the step host does)."""
+    (job_id, step_id, result, error) and its driver, the tasks it spawned, and how often it
+    asked for the host to be replaced (a pool's type only, as the step host does). `shares`
+    are the jobs' shares (default `Share()`), `capacity` the host's and `block_limit` every
+    job's `step_event_loop_block_limit` (seconds)."""
 
-    def __init__(self, step_type: type[JobStep[Any]], threads: FairThreads) -> None:
+    def __init__(
+        self,
+        step_type: type[JobStep[Any]],
+        threads: FairThreads,
+        shares: dict[str, Share] | None = None,
+        capacity: int | None = None,
+        block_limit: float = 0.0,
+    ) -> None:
         self.finished: list[tuple[str, str, Any, BaseException | None]] = []
+        self.drivers: dict[str, SliceDriver | None] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.replaced = 0
+        self.shares = shares or {}
         replace = self.replace if step_type.resources is not None else None
-        self.lane = Lane(step_type, threads, lambda _job: Share(), self.finish, self.spawn, replace)
+        self.lane = Lane(
+            step_type,
+            threads,
+            lambda job_id: self.shares.get(job_id, Share()),
+            self.finish,
+            self.spawn,
+            replace,
+            capacity,
+            lambda _job_id: block_limit,
+        )
 
     def replace(self) -> None:
         self.replaced += 1
@@ -61,6 +86,7 @@ class Host:
         driver: SliceDriver | None,
     ) -> None:
         self.finished.append((job_id, step.step_id, result, error))
+        self.drivers[step.step_id] = driver
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str, job_id: str | None) -> Any:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -101,21 +127,25 @@ class Host:
 
 
 def run(
-    step_type: type[JobStep[Any]], scenario: Callable[[Host], Coroutine[Any, Any, None]]
+    step_type: type[JobStep[Any]],
+    scenario: Callable[[Host], Coroutine[Any, Any, None]],
+    threads: Callable[[], FairThreads] = lambda: FairThreads(4, prefix=THREADS),
+    **host: Any,
 ) -> None:
     """Runs `scenario` with a lane of `step_type` on a loop of its own, with a pool of four
-    threads; what the lane spawned is cancelled before the loop ends."""
+    threads (or those `threads` makes) and the `Host` options `host`; what the lane spawned is
+    cancelled before the loop ends."""
 
     async def main() -> None:
-        threads = FairThreads(4, prefix=THREADS)
-        host = Host(step_type, threads)
+        pool = threads()
+        host_ = Host(step_type, pool, **host)
         try:
-            await asyncio.wait_for(scenario(host), SCENARIO_TIMEOUT)
+            await asyncio.wait_for(scenario(host_), SCENARIO_TIMEOUT)
         finally:
-            for task in host.tasks:
+            for task in host_.tasks:
                 task.cancel()
-            await asyncio.gather(*host.tasks, return_exceptions=True)
-            threads.shutdown()
+            await asyncio.gather(*host_.tasks, return_exceptions=True)
+            pool.shutdown()
 
     asyncio.run(main())
 
@@ -239,7 +269,7 @@ def test_setup__a_stop_while_it_hangs_ends_the_jobs_queued_steps_stopped_at_once
             ("a", "a-2", None),
         ]
         assert all(isinstance(e, asyncio.CancelledError) for e in host.errors.values())
-        assert list(host.lane.queued) == ["b"] and not host.lane.ready
+        assert list(host.lane.queue.queued) == ["b"] and not host.lane.ready
         assert host.lane.cancel("b") == 1
 
     run(HangingSetup, scenario)
@@ -639,7 +669,7 @@ def test_cancel__the_jobs_waiting_steps_end_cancelled_at_once_and_other_jobs_sta
             ("a", "a-4", None),
         ]
         assert all(isinstance(e, asyncio.CancelledError) for e in host.errors.values())
-        assert list(host.lane.queued) == ["b"] and host.lane.waiting == 1
+        assert list(host.lane.queue.queued) == ["b"] and host.lane.waiting == 1
 
         held.release.set()
         await host.settled(7)
@@ -712,3 +742,268 @@ def test_perform__keyboard_interrupt_is_its_steps_error_and_the_loop_lives_on(
         assert host.results == {"a-2": 2, "a-3": 3}
 
     run(step_type, scenario)
+
+
+# How many at once
+
+
+class PlainSetup(JobStep[Number]):
+    async def setup(self) -> None: ...
+
+
+class OwnConcurrency(PlainSetup):
+    concurrency = 2
+
+
+class InheritsConcurrency(OwnConcurrency):
+    pass
+
+
+class PoolSetup(PlainSetup):
+    resources: ClassVar[dict[str, float] | None] = {}
+
+
+@pytest.mark.parametrize(
+    ("step_type", "expected"),
+    [(PlainSetup, 4096), (OwnConcurrency, 2), (InheritsConcurrency, 2), (PoolSetup, 1)],
+)
+def test_concurrency__a_shared_hosts_type_that_sets_none_runs_as_many_as_the_host_capacity(
+    step_type: type[JobStep[Any]], expected: int
+) -> None:
+    assert lane_concurrency(step_type, 4096) == expected
+    assert lane_concurrency(step_type, None) == step_type.concurrency
+
+
+# The order of waiting steps
+
+
+class Ordered(JobStep[Number]):
+    """One perform at once, recording each step's job in the order they run."""
+
+    concurrency = 1
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    async def setup(self) -> None:
+        await asyncio.sleep(0)  # every step is queued before the first runs
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        self.order.append(context.job_id)
+        await asyncio.sleep(0)
+        return request.value
+
+
+def test_order__steps_of_the_highest_priority_go_first() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("low", *range(3))
+        host.add("high", *range(3))
+        await host.settled(6)
+
+        assert host.instance(Ordered).order == ["high"] * 3 + ["low"] * 3
+
+    run(Ordered, scenario, shares={"low": Share(priority=5), "high": Share(priority=1)})
+
+
+def test_order__fairness_keys_share_by_weight_and_first_come_within_a_key() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a1", *range(20))
+        host.add("a2", *range(20))
+        host.add("b", *range(20))
+        await host.settled(60)
+
+        first = host.instance(Ordered).order[:24]
+        assert first.count("a1") == 18 and first.count("b") == 6  # 3:1, a2 after a1
+        assert "a2" not in first
+
+    shares = {"a1": Share(3, "A", 3.0), "a2": Share(3, "A", 3.0), "b": Share(3, "B", 1.0)}
+    run(Ordered, scenario, shares=shares)
+
+
+class RecordingThreads(FairThreads):
+    def __init__(self) -> None:
+        super().__init__(2, prefix=THREADS)
+        self.shares: list[Share] = []
+
+    def run(self, share: Share, call: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        self.shares.append(share)
+        return super().run(share, call, *args)
+
+
+def test_order__a_sync_perform_waits_for_a_thread_with_its_jobs_share() -> None:
+    threads = RecordingThreads()
+
+    async def scenario(host: Host) -> None:
+        host.add("a", 1, 2)
+        await host.settled(2)
+
+        assert threads.shares[-1:] == [Share(1, "tenant", 2.0)]  # setup's first: no job's
+
+    run(SyncBatch, scenario, threads=lambda: threads, shares={"a": Share(1, "tenant", 2.0)})
+
+
+# Limits
+
+
+class PerKey(JobStep[Number]):
+    """One step of a key at once over the cluster, its key `hot` below 4 and its own above;
+    performs wait for `release`, recording the most of each key that ran at once."""
+
+    max_concurrent_per_key = 1
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.now: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+
+    def concurrency_key(self, request: Number) -> str | None:
+        if request.value < 0:
+            raise ValueError("no customer")
+        return "hot" if request.value < 4 else f"k{request.value}"
+
+    async def setup(self) -> None: ...
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        key = self.concurrency_key(request) or ""
+        self.now[key] += 1
+        self.most[key] = max(self.most[key], self.now[key])
+        try:
+            await self.release.wait()
+        finally:
+            self.now[key] -= 1
+        return request.value
+
+
+def gate(host: Host, core: LimitCore) -> Gate:
+    """A real gate over a limiter in this process, set on the host's lane."""
+    spec = TypeLimits.of(host.lane.step_type)
+
+    async def ask(wants: dict[Want, int], held: dict[Key, int]) -> tuple[dict[Want, int], float]:
+        return core.take("host", Holding("T", spec, {}, held, wants), time.monotonic())
+
+    async def report(held: dict[Key, int], wants: dict[Want, int]) -> None:
+        core.report("host", Holding("T", spec, {}, held, wants), time.monotonic())
+
+    spawn = functools.partial(host.spawn, job_id=None)
+    host.lane.gate = Gate("T", ask, report, host.lane.pump, spawn)
+    return host.lane.gate
+
+
+def test_limits__a_key_at_its_limit_holds_up_no_other_keys_steps() -> None:
+    core = LimitCore(time.monotonic())
+
+    async def scenario(host: Host) -> None:
+        per_key = host.instance(PerKey)
+        gate(host, core)
+        host.add("a", 0, 1, 4, 2, 5, 3)
+        await eventually(lambda: sum(per_key.now.values()) == 3, what="a step of each key")
+        await asyncio.sleep(0.1)  # room for more, were they let through
+
+        assert per_key.now == {"hot": 1, "k4": 1, "k5": 1} and host.lane.waiting == 3
+        per_key.release.set()
+        await host.settled(6)
+        assert max(per_key.most.values()) == 1
+        assert host.results == {f"a-{n}": n for n in range(6)}
+
+    run(PerKey, scenario, capacity=4096)
+
+
+def test_limits__a_concurrency_key_that_raises_fails_its_step_only() -> None:
+    async def scenario(host: Host) -> None:
+        with pytest.raises(ValueError, match="no customer"):
+            host.add("a", -1)
+        host.add("a", 4)
+        host.instance(PerKey).release.set()
+        await host.settled(1)
+
+    run(PerKey, scenario)
+
+
+def test_limits__a_stop_gives_back_the_permits_of_its_steps_that_had_one() -> None:
+    core = LimitCore(time.monotonic())
+
+    async def scenario(host: Host) -> None:
+        per_key = host.instance(PerKey)
+        the_gate = gate(host, core)
+        host.add("a", 4, 5, 0)
+        host.add("b", 1)
+        await eventually(lambda: sum(per_key.now.values()) == 3, what="three running")
+
+        assert host.lane.cancel("b") == 1
+        per_key.release.set()
+        await host.settled(4)
+        await eventually(lambda: not the_gate.held, what="every permit back")
+
+    run(PerKey, scenario, capacity=4096)
+
+
+# Blocking the event loop
+
+
+class BlockingSetup(JobStep[Number]):
+    def __init__(self) -> None:
+        self.setups = 0
+
+    async def setup(self) -> None:
+        self.setups += 1
+        time.sleep(0.15)  # noqa: ASYNC251 (loads a model without awaiting)
+
+    async def perform(self, request: Number, context: StepContext) -> int:
+        return request.value
+
+
+def test_blocking__a_setup_that_blocks_the_loop_fails_its_steps_and_keeps_its_instance() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1)
+        await host.settled(1)
+        host.add("a", 2)
+        await host.settled(2)
+
+        error = host.errors["a-1"]
+        assert isinstance(error, SetupError)
+        assert "BlockingSetup.setup blocked the event loop for 0.1" in str(error)
+        assert "(limit 0.1 s): await instead of blocking, or make setup sync" in str(error)
+        assert host.results == {"a-2": 2} and host.instance(BlockingSetup).setups == 1
+
+    run(BlockingSetup, scenario, block_limit=0.1)
+
+
+def test_blocking__a_setup_that_blocks_the_loop_is_not_caught_when_the_limit_is_off() -> None:
+    async def scenario(host: Host) -> None:
+        host.add("a", 1)
+        await host.settled(1)
+
+        assert host.results == {"a-1": 1}
+
+    run(BlockingSetup, scenario, block_limit=0.0)
+
+
+class BlockingBatch(Batches):
+    batch_wait = 0.0
+
+    async def perform_batch(self, requests: list[Number], context: BatchContext) -> list[int]:
+        time.sleep(0.15)  # noqa: ASYNC251 (blocks the loop)
+        if requests[0].value < 0:
+            raise ValueError("and then it raised")
+        return [request.value for request in requests]
+
+
+@pytest.mark.parametrize("first", [1, -1], ids=["returns", "raises"])
+def test_blocking__a_batch_that_blocks_the_loop_fails_its_steps_as_a_perform_does(
+    first: int,
+) -> None:
+    options = JobsOptions(step_event_loop_block_limit=0.1)
+
+    async def scenario(host: Host) -> None:
+        host.add("a", first, 2)
+        await host.settled(2)
+
+        for step_id in ("a-2", f"a-{first}"):
+            start = StepStart(step_id, "t", 0, 1, "{}")
+            result = host.results.get(step_id)
+            error = host.errors.get(step_id)
+            outcome = outcome_of(start, result, error, False, host.drivers[step_id], options)
+            assert outcome.status is StepStatus.FAILED
+            assert "perform blocked the event loop for 0.1" in (outcome.message or "")
+
+    run(BlockingBatch, scenario)
