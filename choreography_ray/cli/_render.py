@@ -54,6 +54,7 @@ def summary(state: JobState) -> Table:
         ("Job", state.id),
         ("Type", state.type),
         ("Scope/namespace", f"{state.scope}/{state.namespace}"),
+        ("Priority, fairness key", f"{state.priority}, {state.share_key}"),
         ("Status", status_text(state.status)),
         ("Created (UTC)", when(state.created)),
         ("Duration", "-" if duration is None else f"{duration.total_seconds():,.1f} s"),

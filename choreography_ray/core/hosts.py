@@ -10,7 +10,7 @@ from choreography_ray.core.messages import StepStart
 from choreography_ray.core.metrics import Labels
 from choreography_ray.core.placement import Placement
 from choreography_ray.core.pool_rules import PoolDemand
-from choreography_ray.core.sharing import Share
+from choreography_ray.core.sharing import NO_SHARE, Share
 
 
 class Hosts(Protocol):
@@ -38,7 +38,7 @@ class Hosts(Protocol):
         batch: Sequence[StepStart],
         labels: Labels,
         epoch: int = 0,
-        share: Share = Share(),
+        share: Share = NO_SHARE,
     ) -> str:
         """Hands a batch to a host; returns once the host has stored it RUNNING, with the
         host's incarnation (a restarted host is a new one). `labels` are the job's metric

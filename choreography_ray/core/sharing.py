@@ -37,6 +37,10 @@ class Share(NamedTuple):
     weight: float = 1.0
 
 
+#: The share of a job that says none (a job actor of an earlier release).
+NO_SHARE = Share()
+
+
 def check_priority(priority: object) -> int:
     """`priority` when it is an int from 1 to 5; else `ValueError` saying so."""
     if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:

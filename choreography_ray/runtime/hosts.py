@@ -18,7 +18,7 @@ from choreography_ray.core.messages import StepStart, starts_to_wire
 from choreography_ray.core.metrics import Labels
 from choreography_ray.core.placement import Placement, hosts_fit
 from choreography_ray.core.pool_rules import PoolDemand
-from choreography_ray.core.sharing import Share
+from choreography_ray.core.sharing import NO_SHARE, Share
 from choreography_ray.errors import StepHostUnknownError
 from choreography_ray.logs import get_logger
 from choreography_ray.options import JobsOptions
@@ -153,7 +153,7 @@ class RayHosts:
         batch: Sequence[StepStart],
         labels: Labels,
         epoch: int = 0,
-        share: Share = Share(),
+        share: Share = NO_SHARE,
     ) -> str:
         wire = starts_to_wire(batch)
         handle = self.handles[host]

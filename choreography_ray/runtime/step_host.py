@@ -41,7 +41,7 @@ from choreography_ray.core.messages import (
 )
 from choreography_ray.core.metrics import UNKNOWN, Labels
 from choreography_ray.core.placement import check_limits, is_limited, placement_of, uses_lane
-from choreography_ray.core.sharing import FairQueue, Share
+from choreography_ray.core.sharing import NO_SHARE, FairQueue, Share
 from choreography_ray.limit import Limit
 from choreography_ray.logs import configure_actor, get_logger, ids
 from choreography_ray.options import JobsOptions
@@ -443,7 +443,7 @@ class StepHostCore:
         return self.leave.if_idle()
 
     def share_of(self, job_id: str) -> Share:
-        return self.job_share.get(job_id) or Share()
+        return self.job_share.get(job_id, NO_SHARE)
 
     def _labels(self, job_id: str) -> Labels:
         return self.job_labels.get(job_id, UNKNOWN)

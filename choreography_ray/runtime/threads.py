@@ -6,6 +6,7 @@ another tenant's. No Ray here."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -56,9 +57,9 @@ class FairThreads:
                 continue
             self.busy += 1
             inner = loop.run_in_executor(self._pool, call, *args)
-            inner.add_done_callback(lambda done, outer=future: self._done(done, outer))
+            inner.add_done_callback(functools.partial(self._done, outer=future))
 
-    def _done(self, inner: asyncio.Future[Any], outer: asyncio.Future[Any]) -> None:
+    def _done(self, inner: asyncio.Future[Any], *, outer: asyncio.Future[Any]) -> None:
         self.busy -= 1
         if not outer.cancelled():
             if inner.cancelled():

@@ -55,7 +55,7 @@ def ray_cluster() -> Iterator[None]:
 #: scope per test), schedulers, pool hosts and limiters (each test's pools and limits start
 #: new). The recovery actor and the step hosts of `RAY_NAMESPACE` are shared by every test,
 #: as in production, and stay.
-OWN_ACTORS = ("jobs-manager/", "scheduler/", "pool/", "limit/")
+OWN_ACTORS = ("jobs-manager/", "scheduler/", "pool/", "limiter")
 
 
 def actor_is_gone(name: str) -> bool:

@@ -3,6 +3,7 @@ limit held over two jobs and three step hosts, and a named limit lowered while a
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -13,6 +14,7 @@ import ray
 import choreography_ray as cr
 from choreography_ray.runtime.names import LIMITER
 from tests.runtime.limit_jobs import NAMED, Calls, CallsRequest
+from tests.runtime.test_cli_jobs import cli, explain
 from tests.support import RAY_NAMESPACE, eventually, read_trace
 
 
@@ -52,7 +54,13 @@ def test_max_concurrent_per_key__holds_over_two_jobs_and_three_hosts(
     assert len({call["host"] for call in calls}) == 3
     limits = {(s.kind, s.name): s for s in jobs.limits()}
     keyed = limits[("per-key", "tests.runtime.limit_jobs:KeyedCall")]
-    assert keyed.limit == cr.Limit(max_concurrent=2)
+    assert (keyed.limit, keyed.held, keyed.waiting) == (cr.Limit(max_concurrent=2), 0, 0)
+
+    address = str(ray.get_runtime_context().gcs_address)
+    listed = cli("limits", "--address", address, "--ray-namespace", RAY_NAMESPACE, "--json")
+    assert listed.returncode == 0, explain(listed)
+    rows = {(row["kind"], row["name"]): row for row in json.loads(listed.stdout)}
+    assert rows[("per-key", "tests.runtime.limit_jobs:KeyedCall")]["limit"]["max_concurrent"] == 2
 
 
 def test_set_limit__a_lower_named_limit_holds_within_a_second_while_the_job_runs(

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.messages import Outcome, StepStart, failed
 from choreography_ray.core.metrics import Counter, Histogram, Labels
-from choreography_ray.core.sharing import Share
 from choreography_ray.core.placement import Placement
 from choreography_ray.core.pool_rules import PoolDemand
+from choreography_ray.core.sharing import NO_SHARE, Share
 from choreography_ray.errors import (
     StaleActivationError,
     StepHostUnknownError,
@@ -166,7 +166,7 @@ class FakeHosts:
         batch: Sequence[StepStart],
         labels: Labels,
         epoch: int = 0,
-        share: Share = Share(),
+        share: Share = NO_SHARE,
     ) -> str:
         """A start operation, once sent, runs on its host even when the activation that sent
         it is gone (its caller cancelled)."""

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from choreography_ray.core.sharing import DEFAULT_PRIORITY
 from choreography_ray.core.job import JobCore
 from choreography_ray.core.metrics import NO_METRICS, Metrics
+from choreography_ray.core.sharing import DEFAULT_PRIORITY
 from choreography_ray.job import Job
 from choreography_ray.model import JobState, ResumeAfter, StepState
 from choreography_ray.options import JobsOptions
