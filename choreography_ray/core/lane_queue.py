@@ -61,6 +61,15 @@ class LaneQueue:
     def __len__(self) -> int:
         return self.staged + self.held
 
+    def waiting_by_key(self) -> Counter[str]:
+        """Steps waiting per fairness key: for their turn, and for a permit."""
+        counts: Counter[str] = Counter()
+        for job_id, items in self.queued.items():
+            counts[self._share_of(job_id).key] += len(items)
+        for want, items in self.held_back.items():
+            counts[want[1]] += len(items)
+        return counts
+
     def stage(self, item: Item) -> None:
         """The step may start: it waits for its turn."""
         self.queued.setdefault(item.job_id, deque()).append(item)

@@ -27,11 +27,13 @@ from choreography_ray.errors import (
     JobsManagerUnavailableError,
     SchedulerOperationError,
 )
+from choreography_ray.limit import LimitState
 from choreography_ray.logs import get_logger
 from choreography_ray.model import PoolState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.names import (
     DEFAULT_NAMESPACE,
+    LIMITER,
     job_name,
     manager_name,
     scheduler_name,
@@ -112,6 +114,10 @@ class Actions(Protocol):
         """The pools a running job's steps run on (docs/pools.md); none when its actor is gone
         or does not answer within `POOLS_SECONDS`."""
 
+    async def limits(self) -> list[LimitState]:
+        """Every limit the cluster's limiter counts (`Jobs.limits`, docs/pools.md); none when
+        no limiter runs or it does not answer within `POOLS_SECONDS`."""
+
     async def close(self) -> None: ...
 
 
@@ -129,7 +135,7 @@ class RayActions:
         self.ray_namespace = ray_namespace
         self._joined = False
         self._joining = asyncio.Lock()
-        #: The join a page asked for in the background (`job_pools`), if any.
+        #: The join a page asked for in the background (`job_pools`, `limits`), if any.
         self._join_task: asyncio.Task[None] | None = None
         self._managers: dict[tuple[str, str], AsyncJobsManager] = {}
         self._schedulers: dict[str, AsyncScheduler] = {}
@@ -232,11 +238,7 @@ class RayActions:
         import ray
 
         if not ray.is_initialized():
-            if self._join_task is None or self._join_task.done():
-                self._join_task = asyncio.get_running_loop().create_task(
-                    self.connect(), name="dashboard: join the cluster"
-                )
-                self._join_task.add_done_callback(_joined)
+            self._join_in_background()
             return []
         actor = await self._actor(job_name(job_id))
         if actor is None:
@@ -246,6 +248,33 @@ class RayActions:
         except (TimeoutError, ray.exceptions.RayError):
             return []
         return pools
+
+    async def limits(self) -> list[LimitState]:
+        """`Jobs.limits` (`runtime.limits.limit_states`) as `job_pools` asks: a page never waits
+        for the cluster to be joined, nor longer than `POOLS_SECONDS` for the limiter."""
+        import ray
+
+        if not ray.is_initialized():
+            self._join_in_background()
+            return []
+        limiter = await self._actor(LIMITER)
+        if limiter is None:
+            return []
+        try:
+            states: list[LimitState] = await asyncio.wait_for(
+                limiter.states.remote(), POOLS_SECONDS
+            )
+        except (TimeoutError, ray.exceptions.RayError) as error:
+            log.warning("dashboard: the limiter did not say its limits: %r", error)
+            return []
+        return states
+
+    def _join_in_background(self) -> None:
+        if self._join_task is None or self._join_task.done():
+            self._join_task = asyncio.get_running_loop().create_task(
+                self.connect(), name="dashboard: join the cluster"
+            )
+            self._join_task.add_done_callback(_joined)
 
     # finding the actors
     def _forget_scheduler(self, scope: str, error: ChoreographyError) -> None:

@@ -101,6 +101,14 @@ async def log_out(request: Request) -> Response:
     return response
 
 
+async def limits_page(request: Request) -> Response:
+    """`/limits`: what `Jobs.limits()` says of each limit of the cluster, asked through the
+    actions (`--address`); read only, like the jobs list."""
+    site = site_of(request)
+    states = [] if site.actions is None else await site.actions.limits()
+    return site.render(request, "limits.html", {"limits": states})
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     title = _TITLES.get(exc.status_code, "Error")
@@ -147,6 +155,7 @@ def create_app(
         *jobs.routes,
         *bulk.routes,
         *schedules.routes,
+        Route("/limits", limits_page, methods=["GET"]),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", log_in, methods=["POST"]),
         Route("/logout", log_out, methods=["POST"]),

@@ -433,9 +433,12 @@ class StepHostCore:
         }
 
     def waiting_by_key(self) -> dict[str, float]:
-        """Steps waiting here for capacity, per fairness key: for room, for a thread."""
+        """Steps waiting here for capacity, per fairness key: for room, for a thread, in a
+        lane (for a turn or a permit)."""
         counts = Counter(self.admission.waiting())
         counts.update(self.threads.waiting.waiting())
+        for lane in self.lanes.values():
+            counts.update(lane.queue.waiting_by_key())
         return dict(counts)
 
     def leave_if_idle(self) -> bool:

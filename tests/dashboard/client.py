@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from choreography_ray.dashboard import ActionRefused, JobOperation
+from choreography_ray.limit import LimitState
 from choreography_ray.model import PoolState
 from choreography_ray.scheduler.options import SchedulerOptions
 
@@ -61,6 +62,10 @@ class RecordingActions:
     async def job_pools(self, job_id: str) -> list[PoolState]:
         """`pools` for every job (none by default)."""
         return list(self.pools)
+
+    async def limits(self) -> list[LimitState]:
+        """None by default."""
+        return []
 
     async def close(self) -> None:
         self.closed = True
