@@ -91,7 +91,8 @@ def table(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         kind = type_name(field.annotation).replace("|", "\\|")
         meaning = notes.get(name, "").replace("|", "\\|")
-        rows.append(f"| `{prefix}{name}` | `{kind}` | {shown(field.default)} | {meaning} |")
+        default = field.get_default(call_default_factory=True)
+        rows.append(f"| `{prefix}{name}` | `{kind}` | {shown(default)} | {meaning} |")
     return rows
 
 

@@ -10,6 +10,7 @@ from choreography_ray.core.messages import StepStart
 from choreography_ray.core.sharing import Share
 from choreography_ray.step import StepContext
 
+
 class Request(BaseModel):
     n: int = 0
 
