@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import choreography_ray as cr
 from choreography_ray.dashboard import RayActions, create_app
 from choreography_ray.model import JobState, utcnow
 from choreography_ray.scheduler.records import DeadLetter
@@ -127,3 +128,14 @@ def test_dead_letters__requeue_and_acknowledge_through_the_scheduler(
     assert runs[0].status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUCCEEDED)
     # With the scheduler running, failures are counted with its options.
     assert "the running scheduler's options" in dashboard.get(f"/schedules?scope={scope}").text
+
+
+def test_limits_page__shows_a_limit_set_live_on_the_cluster(dashboard: Client, connect) -> None:
+    """The limits page asks the cluster's limiter through `RayActions.limits`."""
+    name = "test-dashboard-limit"  # a limit set live outlives its test: no other test names it
+    with connect() as jobs:
+        jobs.set_limit(name, cr.Limit(max_concurrent=3))
+        eventually(lambda: f'data-limit="{name}"' in dashboard.get("/limits").text, 20,
+                   "the limit on the page")  # fmt: skip
+        page = dashboard.get("/limits").text
+        assert "3 at once" in page
