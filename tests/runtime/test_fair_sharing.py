@@ -1,5 +1,7 @@
 """Sharing the step hosts (docs/sharing.md), on real Ray: a small job of another tenant, or of
 a higher priority, does not wait behind a backlog, and two backlogged tenants share by weight.
+The jobs are the bench's (`choreography-ray bench --sharing`): sync steps that sleep, keyed by
+the request's tenant.
 
 Nothing here is timed: each check counts the backlog's steps that completed meanwhile. Without
 the shares a step of the small job waits behind every step the backlog handed the hosts before
@@ -15,14 +17,14 @@ from collections.abc import Iterator
 import pytest
 
 import choreography_ray as cr
-from tests.runtime.fair_jobs import Backlog, BacklogRequest
+from choreography_ray.bench.sharing import Naps, NapsRequest
 from tests.support import eventually, in_storage
 
 pytestmark = pytest.mark.slow
 
 #: The backlog's steps, and what each sleeps: far more than the hosts hold or the test waits
 #: for (it is removed at the end).
-BACKLOG = BacklogRequest(steps=30_000, seconds=0.05)
+BACKLOG = NapsRequest(steps=30_000, seconds=0.05)
 #: A step of the small job waits behind fewer of the backlog's than this with the shares, and
 #: behind about 8,000 without (those the hosts hold already).
 PASSED_BY_AT_MOST = 3_000
@@ -34,10 +36,10 @@ def successes(manager: cr.JobsManager, job_id: str) -> int:
 
 @contextlib.contextmanager
 def backlogged(
-    manager: cr.JobsManager, storage_url: str, request: BacklogRequest = BACKLOG, **start: int
+    manager: cr.JobsManager, storage_url: str, request: NapsRequest = BACKLOG, **start: int
 ) -> Iterator[str]:
     """A backlog whose steps run (the hosts hold thousands), removed at the end."""
-    job_id = manager.start(Backlog, request, **start).job_id
+    job_id = manager.start(Naps, request, **start).job_id
     try:
         eventually(lambda: successes(manager, job_id) >= 200, 60, "the backlog to get going")
         yield job_id
@@ -50,7 +52,7 @@ def backlogged(
 def passed_by(manager: cr.JobsManager, backlog: str, small: cr.JobsManager, **start: int) -> int:
     """How many of the backlog's steps completed while a job of 10 short steps ran."""
     before = successes(manager, backlog)
-    small_id = small.start(Backlog, BacklogRequest(steps=10, seconds=0.05), **start).job_id
+    small_id = small.start(Naps, NapsRequest(steps=10, seconds=0.05), **start).job_id
     state = small.wait(small_id, timeout=120)
     assert state.status is cr.JobStatus.COMPLETED_SUCCESSFULLY
     return successes(manager, backlog) - before
@@ -85,7 +87,7 @@ def test_two_backlogged_tenants_share_the_hosts_by_weight(
         request = BACKLOG.model_copy(update={"steps": 60_000})
         starts = [
             threading.Thread(
-                target=manager.start, args=(Backlog, request.model_copy(update={"tenant": key}))
+                target=manager.start, args=(Naps, request.model_copy(update={"tenant": key}))
             )
             for key in ("heavy", "light")
         ]
