@@ -57,6 +57,9 @@ class PoolDemand(NamedTuple):
 class HostState(enum.StrEnum):
     CREATED = "Created"  #: created, not placed by Ray yet: gets no steps
     PLACED = "Placed"  #: alive on its node: takes steps
+    #: Placed once, not alive now (restarting, or its node is gone): gets no steps; gone as
+    #: soon as Ray no longer lists it (killed), killed if not back within PLACE_GRACE.
+    RESTARTING = "Restarting"
 
 
 @dataclass(slots=True)
@@ -110,7 +113,7 @@ class PoolRules:
             del self.demand[key]
         for d in demands:
             self.demand[(d.shape, job_id)] = (d, now)
-        coming = Counter(r.shape for r in self.hosts.values() if r.state is HostState.CREATED)
+        coming = Counter(r.shape for r in self.hosts.values() if r.state is not HostState.PLACED)
         return {shape: (self.placed(shape), coming[shape]) for shape in named}
 
     def placed(self, shape: str | None = None) -> list[str]:
@@ -122,7 +125,7 @@ class PoolRules:
 
     def unplaced(self) -> bool:
         """Whether a host created here is not placed yet."""
-        return any(row.state is HostState.CREATED for row in self.hosts.values())
+        return any(row.state is not HostState.PLACED for row in self.hosts.values())
 
     def placed_shapes(self) -> set[str]:
         return {row.shape for row in self.hosts.values() if row.state is HostState.PLACED}
@@ -167,8 +170,9 @@ class PoolRules:
         """The owner's hosts as Ray has them: name -> placed (alive) or not yet; a host not
         named is gone."""
         for row in [r for r in self.hosts.values() if r.name not in alive]:
-            # One just created may not be listed yet: it has until PLACE_GRACE.
-            if row.state is HostState.PLACED or now - row.since > PLACE_GRACE:
+            # One just created may not be listed yet: it has until PLACE_GRACE. One listed
+            # before is gone (killed while restarting, say): made again at once if wanted.
+            if row.state is not HostState.CREATED or now - row.since > PLACE_GRACE:
                 del self.hosts[row.name]
         for name, is_alive in alive.items():
             if name not in self.hosts:
@@ -182,7 +186,7 @@ class PoolRules:
             elif not is_alive and row.state is HostState.PLACED:
                 # Restarting, or its node is gone: no steps until it is back, and killed if it
                 # is not back within PLACE_GRACE.
-                row.state, row.since = HostState.CREATED, now
+                row.state, row.since = HostState.RESTARTING, now
 
     def plan(
         self,
@@ -194,12 +198,12 @@ class PoolRules:
         plan = Plan()
         self.turn += 1
         for row in list(self.hosts.values()):
-            if row.state is HostState.CREATED and now - row.since > PLACE_GRACE:
+            if row.state is not HostState.PLACED and now - row.since > PLACE_GRACE:
                 plan.kill.append(row.name)
                 del self.hosts[row.name]
         free = {node: dict(resources) for node, resources in available.items()}
         for row in self.hosts.values():
-            pending = row.state is HostState.CREATED or now - row.since < RESOURCE_LAG
+            pending = row.state is not HostState.PLACED or now - row.since < RESOURCE_LAG
             if pending and row.node in free:
                 _take(free[row.node], row.resources)
         wanted = self.wanted(now)

@@ -407,11 +407,27 @@ def test_seen__a_placed_host_listed_not_alive_again_gets_no_steps() -> None:
     # Its process died, or its node went; Ray restarts it (max_restarts=-1): listed, not alive.
     rules.seen({made.name: False}, 5.0)
     assert rules.placed() == []
-    assert rules.hosts[made.name].state is HostState.CREATED
+    assert rules.hosts[made.name].state is HostState.RESTARTING
     # Still not back after PLACE_GRACE: killed (else it counts as the shape's host for good).
     later = 5.0 + PLACE_GRACE + 1
     rules.seen({made.name: False}, later)
     assert rules.plan({}, {}, later).kill == [made.name]
+
+
+def test_seen__a_restarting_host_killed_meanwhile_is_gone_at_once_and_made_again() -> None:
+    """Not left counted as on its way for PLACE_GRACE: found in slow-tier CI, where a test
+    ended a host that was restarting and the next job's pool had one host instead of two."""
+    rules = PoolRules()
+    total = {"n1": {"GPU": 1.0}}
+    rules.say("job", [demand(GPU, 10)], 0.0)
+    (made,) = rules.plan(total, total, 0.0).create
+    rules.seen({made.name: True}, 1.0)
+    rules.seen({made.name: False}, 2.0)
+    rules.seen({}, 3.0)  # killed: Ray no longer lists it
+
+    assert rules.hosts == {}
+    rules.say("job", [demand(GPU, 10)], 3.0)
+    assert [c.name for c in rules.plan(total, total, 3.0).create] == [made.name]
 
 
 # -- demand ---------------------------------------------------------------------------------------
