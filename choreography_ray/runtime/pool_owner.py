@@ -109,7 +109,13 @@ class PoolOwner:
             )
             plan = self.rules.plan(total, available, now)
             for create in plan.create:
-                self._handles[create.name] = self._create(create)
+                try:
+                    self._handles[create.name] = self._create(create)
+                except Exception as error:  # its name still taken by one just killed, say
+                    del self.rules.hosts[create.name]  # not on its way: made again next tick
+                    log.warning("creating pool host %s failed (again next tick): %s",
+                                create.name, error)  # fmt: skip
+                    continue
                 log.info("pool host %s created", create.name)
             for name in plan.kill:
                 log.warning("pool host %s was not placed in time: killed (its node's resources "
@@ -156,6 +162,9 @@ class PoolOwner:
         from choreography_ray.runtime.step_host import StepHost
 
         extra = {
+            # Not another's: a name still held by a host just killed (a dying actor that
+            # would never be placed) fails here, and the host is made again next tick.
+            "get_if_exists": False,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(create.node, soft=False),
             **actor_resources(create.resources),
         }
