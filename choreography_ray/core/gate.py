@@ -16,6 +16,7 @@ from typing import Any
 
 from choreography_ray.core import limits
 from choreography_ray.core.limits import Key, Want
+from choreography_ray.core.messages import describe
 from choreography_ray.logs import get_logger
 
 log = get_logger(__name__)
@@ -116,7 +117,7 @@ class Gate:
                         granted, wait = await self._ask(asked, self.held)
                     except Exception as error:  # the limiter is restarting, say
                         log.warning("%s: asking the limiter failed (asked again in %g s): %s",
-                                    self.name, RETRY_SECONDS, error)  # fmt: skip
+                                    self.name, RETRY_SECONDS, describe(error))  # fmt: skip
                         granted, wait = {}, RETRY_SECONDS
                     self.granted.update(granted)
                     self._told = {w: n - granted.get(w, 0) for w, n in asked.items()}
@@ -154,7 +155,7 @@ class Gate:
                     except Exception as error:  # restarting, say: told again at the next heartbeat
                         log.warning("%s: reporting %d permits held failed (reported again "
                                     "within %g s): %s", self.name, sum(held.values()),
-                                    limits.HEARTBEAT_SECONDS, error)  # fmt: skip
+                                    limits.HEARTBEAT_SECONDS, describe(error))  # fmt: skip
                         continue
                     self._told = wants
                 if not held and not self._changed.is_set():
