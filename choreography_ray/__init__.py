@@ -44,9 +44,11 @@ from choreography_ray.model import (
     StageProgress,
     StageShape,
     StatusChange,
+    StepOutput,
     StepState,
 )
 from choreography_ray.options import JobsOptions
+from choreography_ray.outputs import steps_from_dataset
 from choreography_ray.scheduler import (
     After,
     Cron,
@@ -130,6 +132,7 @@ __all__ = [
     "StatusChange",
     "StepContext",
     "StepHostUnknownError",
+    "StepOutput",
     "StepResult",
     "StepSpec",
     "StepState",
@@ -141,4 +144,5 @@ __all__ = [
     "TypeImportError",
     "UnsupportedSchemaError",
     "__version__",
+    "steps_from_dataset",
 ]

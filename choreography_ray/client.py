@@ -40,7 +40,7 @@ from choreography_ray.errors import (
 from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job
 from choreography_ray.limit import Limit, LimitState
-from choreography_ray.model import JobState, PoolState, StepState
+from choreography_ray.model import JobState, PoolState, StepOutput, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.actors import LazyHandle
@@ -51,6 +51,8 @@ from choreography_ray.storage import redact_url
 from choreography_ray.types import type_path
 
 if TYPE_CHECKING:
+    import ray.data
+
     from choreography_ray.scheduler_client import AsyncScheduler, Scheduler
 
 T = TypeVar("T")
@@ -290,6 +292,20 @@ class AsyncJobsManager:
         clusters: builtins.list[FailureCluster] = await self._call("failures", job_id)
         return clusters
 
+    async def outputs(
+        self,
+        job_id: str,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[StepOutput]:
+        """A page of the job's outputs (of one stage) by step id, those after step `after`: at
+        most `limit`; fewer means the last page (docs/outputs.md)."""
+        outputs: builtins.list[StepOutput] = await self._call(
+            "outputs", job_id, stage, after, limit
+        )
+        return outputs
+
     async def rehydrate(self) -> builtins.list[str]:
         """Loads the interrupted jobs and returns their ids; they resume in the background."""
         ids: builtins.list[str] = await self._call("rehydrate")
@@ -346,6 +362,15 @@ class JobsManager:
 
     def failures(self, job_id: str) -> builtins.list[FailureCluster]:
         return self._run(self._inner.failures(job_id))
+
+    def outputs(
+        self,
+        job_id: str,
+        stage: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[StepOutput]:
+        return self._run(self._inner.outputs(job_id, stage, after, limit))
 
     def rehydrate(self) -> builtins.list[str]:
         return self._run(self._inner.rehydrate())
@@ -417,6 +442,14 @@ class Jobs:
         inner = self.async_manager(scope, namespace)
         inner.check(ray.get(inner._handle.get_sync().config.remote()))
         return JobsManager(inner)
+
+    def outputs_dataset(self, job_id: str, stage: int | None = None) -> ray.data.Dataset:
+        """The job's outputs (of one stage) as a Ray Dataset of rows `job_id, step_id, stage,
+        attempt, output`, streamed from storage by parallel read tasks when it is consumed
+        (docs/outputs.md). Any job id is read: one with no outputs is an empty Dataset."""
+        from choreography_ray.datasets import outputs_dataset
+
+        return outputs_dataset(self.storage, self.namespace, job_id, stage)
 
     def pools(self) -> builtins.list[PoolState]:
         """The pools of step hosts in this connection's Ray namespace, by resource shape:

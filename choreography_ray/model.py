@@ -11,7 +11,7 @@ this release's defaults could misread it, and saving it back would lose what it 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -241,3 +241,21 @@ class PoolState(_Record):
     waiting: int = 0
     wanted: int = 0
     nodes: tuple[str, ...] = ()
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class StepOutput(_Record):
+    """What a succeeded step returned (`StepResult.succeeded(output=...)`), as stored: one per
+    step, the succeeded attempt's. `output` is its JSON, parsed (a dict for a model);
+    `output_as(Model)` types it back (docs/outputs.md)."""
+
+    job_id: str
+    step_id: str
+    stage: int
+    attempt: int
+    output: Any
+
+    def output_as(self, model: type[_M]) -> _M:
+        return model.model_validate(self.output)

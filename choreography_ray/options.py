@@ -67,6 +67,9 @@ class JobsOptions(BaseModel):
     #: The largest request `start` takes, in bytes of its JSON: a request is stored whole in the
     #: job's record (MongoDB refuses documents over 16 MiB) and travels to every step it prepares.
     max_request_bytes: int = Field(default=1024 * 1024, ge=1)
+    #: The largest output a step may return (`StepResult.succeeded(output=...)`), in bytes of
+    #: its JSON: a bigger one fails the step with a message naming this limit (docs/outputs.md).
+    max_output_bytes: int = Field(default=64 * 1024, ge=1)
     #: How often a job saves its progress while steps report (progress is a cache; the watchdog
     #: recounts from storage).
     progress_save_interval: Duration = timedelta(milliseconds=250)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
 if TYPE_CHECKING:
+    from choreography_ray.model import StepOutput
+    from choreography_ray.outputs import OutputReader
     from choreography_ray.scheduler.deciding import JobDecisions
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -30,10 +32,22 @@ class StepResult(BaseModel):
     success: bool
     message: str | None = None
     code: str | None = None
+    #: A succeeded step's output: any pydantic model, stored as its JSON (docs/outputs.md).
+    output: SerializeAsAny[BaseModel] | None = None
 
     @classmethod
-    def succeeded(cls) -> StepResult:
-        return _SUCCEEDED
+    def succeeded(cls, output: BaseModel | None = None) -> StepResult:
+        """Success; `output`, when given, is stored as the step's output (at most
+        `JobsOptions.max_output_bytes` of JSON), read back with `manager.outputs`,
+        `jobs.outputs_dataset` or a later stage's `context.outputs`."""
+        if output is None:
+            return _SUCCEEDED
+        if not isinstance(output, BaseModel):
+            raise TypeError(
+                f"StepResult.succeeded(output=...) takes a pydantic model, not "
+                f"{type(output).__name__}"
+            )
+        return cls(success=True, output=output)
 
     @classmethod
     def failed(cls, message: str, code: str | None = None) -> StepResult:
@@ -52,9 +66,22 @@ class StepContext:
     `await context.decide(question, state, ask)` records `ask()`'s answer for the job's
     scheduler run and replays a failed run's answers into its retry (docs/scheduler.md,
     "Decisions of a run"); a sync `perform` calls `context.decide_sync(...)`.
+
+    `async for out in context.outputs(stage=10)` reads the job's outputs (`StepOutput`) of an
+    earlier stage, a page at a time (docs/outputs.md, "Fan-in"); a sync `perform` iterates
+    `context.outputs_sync(stage=10)`.
     """
 
-    __slots__ = ("_cancelled", "_decisions", "_event", "attempt", "job_id", "stage", "step_id")
+    __slots__ = (
+        "_cancelled",
+        "_decisions",
+        "_event",
+        "_outputs",
+        "attempt",
+        "job_id",
+        "stage",
+        "step_id",
+    )
 
     def __init__(
         self,
@@ -63,6 +90,7 @@ class StepContext:
         stage: int,
         attempt: int,
         decisions: JobDecisions | None = None,
+        outputs: OutputReader | None = None,
     ) -> None:
         self.job_id = job_id
         self.step_id = step_id
@@ -70,6 +98,7 @@ class StepContext:
         self.attempt = attempt
         # The step host's, shared by its steps: nothing is read unless `decide` is called.
         self._decisions = decisions
+        self._outputs = outputs
         # A plain flag (read from any thread) and an event made only for a step that awaits
         # it: a context is made per step on the hot path.
         self._cancelled = False
@@ -165,6 +194,20 @@ class StepContext:
             return answer
         return self._decisions.decide_sync(self.job_id, question, state, ask, answer_type)
 
+    def outputs(self, stage: int | None = None, *, page: int = 1000) -> AsyncIterator[StepOutput]:
+        """The job's outputs (of `stage`, or every stage's) by step id, read `page` at a time:
+        a reduce step reads what a map stage returned, however many, in bounded memory."""
+        return self._reader().read(self.job_id, stage, page)
+
+    def outputs_sync(self, stage: int | None = None, *, page: int = 1000) -> Iterator[StepOutput]:
+        """`outputs` for a sync `perform` (in its worker thread)."""
+        return self._reader().read_sync(self.job_id, stage, page)
+
+    def _reader(self) -> OutputReader:
+        if self._outputs is None:
+            raise RuntimeError("a step reads its job's outputs only when run by a step host")
+        return self._outputs
+
 
 class BatchContext(StepContext):
     """The context of one `perform_batch` call: the batch's steps (`steps`, in the order of the
@@ -175,7 +218,14 @@ class BatchContext(StepContext):
 
     def __init__(self, steps: list[StepContext]) -> None:
         first = steps[0]
-        super().__init__(first.job_id, first.step_id, first.stage, first.attempt, first._decisions)
+        super().__init__(
+            first.job_id,
+            first.step_id,
+            first.stage,
+            first.attempt,
+            first._decisions,
+            first._outputs,
+        )
         self.steps = steps
 
 

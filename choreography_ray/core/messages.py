@@ -37,6 +37,13 @@ class StepStart(NamedTuple):
     request_json: str
 
 
+class Output(NamedTuple):
+    """A succeeded step's output, as the host stores it: its stage and its JSON text."""
+
+    stage: int
+    json: str
+
+
 class Outcome(NamedTuple):
     step_id: str
     attempt: int
@@ -44,6 +51,8 @@ class Outcome(NamedTuple):
     message: str | None = None
     #: A failure's signature (`failures.failure_signature`), stored with it.
     signature: str | None = None
+    #: A succeeded step's output: stored by its host with the outcome, never delivered.
+    output: Output | None = None
 
 
 def failed(
@@ -68,10 +77,11 @@ def outcomes_to_wire(outcomes: Iterable[Outcome]) -> bytes:
 
 def outcomes_from_wire(wire: bytes | Iterable[OutcomeWire]) -> list[Outcome]:
     new = tuple.__new__
-    return [
-        new(Outcome, (step_id, attempt, _STATUSES[status], message, rest[0] if rest else None))
-        for step_id, attempt, status, message, *rest in _unpack(wire)
-    ]
+    outcomes = []
+    for step_id, attempt, status, message, *rest in _unpack(wire):
+        fields = (step_id, attempt, _STATUSES[status], message, rest[0] if rest else None)
+        outcomes.append(new(Outcome, (*fields, None)))  # no output: a host stores, never delivers
+    return outcomes
 
 
 def _pack(tuples: list[tuple[object, ...]]) -> bytes:

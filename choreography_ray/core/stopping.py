@@ -64,8 +64,9 @@ def stop_owed(state: JobState) -> bool:
 
 
 async def remove_records(storage: Storage, job_id: str) -> None:
-    """Deletes a job's steps, its counted records, then its record: a removal cut short
-    leaves the job record, by which it is found and finished again."""
+    """Deletes a job's steps, its counted records, its outputs, then its record: a removal cut
+    short leaves the job record, by which it is found and finished again."""
     await storage.remove_job_steps(job_id)
     await storage.remove_job_counted(job_id)
+    await storage.remove_job_outputs(job_id)
     await storage.remove_job(job_id)

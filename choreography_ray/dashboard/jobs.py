@@ -6,20 +6,24 @@ The list is one page of `Storage.find_jobs` (newest first, paged by cursor) and 
 number of jobs. A job page reads the job record (its counters and status history), its failure
 clusters (`failure_clusters`, when it counts failures), one page of its failed steps
 (`list_steps` by status, or `list_failed` of one signature with `?signature=`, in step-id
-order) and the scheduler run it belongs to.
+order), how many step outputs it stored (`count_outputs`) and the scheduler run it belongs to.
+
+`/jobs/{job_id}/outputs.jsonl` downloads the job's first outputs (`?limit=`, `?stage=`) as
+the JSON lines `choreography-ray jobs outputs` writes, streamed a page of `list_outputs` at a
+time: the dashboard holds one page, however many it sends.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from choreography_ray.core.stopping import settled
@@ -27,7 +31,7 @@ from choreography_ray.dashboard.actions import ActionRefused, JobOperation
 from choreography_ray.dashboard.site import Site, site_of
 from choreography_ray.model import JobState, utcnow
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
-from choreography_ray.storage import JobCursor, JobFilter
+from choreography_ray.storage import JobCursor, JobFilter, Storage, StoredOutput
 
 #: Jobs per page of the list, unless `limit` says otherwise (at most `MAX_PAGE`).
 PAGE = 50
@@ -42,6 +46,11 @@ CLUSTERS_SHOWN = 20
 REQUEST_SHOWN = 64 * 1024
 #: Milliseconds between two refreshes of a job page's live part.
 LIVE_EVERY_MS = 1000
+#: Outputs `outputs.jsonl` sends unless `limit` says otherwise, and at most.
+OUTPUTS_SENT = 10_000
+MAX_OUTPUTS_SENT = 100_000
+#: Outputs read from storage (and sent) at a time by `outputs.jsonl`.
+OUTPUTS_PAGE = 1_000
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -271,6 +280,8 @@ async def job_page(request: Request) -> Response:
         "failed_home": failed_link(state.id, signature),
         "failed_next": failed_link(state.id, signature, failed[-1].step_id) if more else None,
         "run": await site.scheduler_storage.run_for_job(state.id),
+        "outputs": await site.storage.count_outputs(state.id),
+        "outputs_sent": OUTPUTS_SENT,
         "request_json": request_json[:REQUEST_SHOWN],
         "request_cut": len(request_json) > REQUEST_SHOWN,
         "operations": OPERATIONS,
@@ -295,6 +306,62 @@ async def job_request(request: Request) -> Response:
     if isinstance(state, Response):
         return state
     return JSONResponse(state.request)
+
+
+def _optional_int(params: Mapping[str, str], name: str) -> int | None:
+    text = params.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadQuery(f"{name} {text!r} is not a number") from None
+
+
+def output_line(stored: StoredOutput) -> str:
+    """One output as a line of `outputs.jsonl`: the line `choreography-ray jobs outputs`
+    writes."""
+    row = {"job_id": stored.job_id, "step_id": stored.step_id, "stage": stored.stage,
+           "attempt": stored.attempt, "output": json.loads(stored.output)}  # fmt: skip
+    return json.dumps(row) + "\n"
+
+
+async def output_lines(
+    storage: Storage, job_id: str, stage: int | None, limit: int
+) -> AsyncIterator[bytes]:
+    """The job's first `limit` outputs (of `stage`) in step-id order, a page at a time."""
+    after: str | None = None
+    left = limit
+    while left > 0:
+        asked = min(OUTPUTS_PAGE, left)
+        page = await storage.list_outputs(job_id, stage=stage, after=after, limit=asked)
+        if page:
+            yield "".join(output_line(stored) for stored in page).encode()
+        if len(page) < asked:
+            return
+        left -= len(page)
+        after = page[-1].step_id
+
+
+async def job_outputs(request: Request) -> Response:
+    """`outputs.jsonl`: the job's first `limit` outputs (of `stage`), as JSON lines."""
+    site = site_of(request)
+    state = await _job(site, request)
+    if isinstance(state, Response):
+        return state
+    try:
+        limit = _optional_int(request.query_params, "limit")
+        stage = _optional_int(request.query_params, "stage")
+    except BadQuery as error:
+        return site.error(request, 400, "This download cannot be read", str(error))
+    limit = min(max(OUTPUTS_SENT if limit is None else limit, 1), MAX_OUTPUTS_SENT)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", state.id)
+    if stage is not None:
+        name = f"{name}-stage-{stage}"
+    headers = {"content-disposition": f'attachment; filename="{name}-outputs.jsonl"',
+               "cache-control": "no-store"}  # fmt: skip
+    lines = output_lines(site.storage, state.id, stage, limit)
+    return StreamingResponse(lines, media_type="application/x-ndjson", headers=headers)
 
 
 def _operation(request: Request) -> JobOperation | None:
@@ -418,6 +485,7 @@ routes = [
     Route("/jobs/{job_id}", job_page),
     Route("/jobs/{job_id}/live", job_live),
     Route("/jobs/{job_id}/request.json", job_request),
+    Route("/jobs/{job_id}/outputs.jsonl", job_outputs),
     Route("/jobs/{job_id}/failures/retry", confirm_retry_failures, methods=["GET"]),
     Route("/jobs/{job_id}/failures/retry", retry_failures, methods=["POST"]),
     Route("/jobs/{job_id}/{operation}", confirm_job_operation, methods=["GET"]),

@@ -5,10 +5,12 @@ so a step reports only what storage already holds. A round that fails fails ever
 (they retry); a flush that is cancelled cancels its round, so no writer waits forever.
 
 Rounds are written one at a time, in the order they began: a write that joined a later round
-lands after every write of the earlier ones. Within a round, updates are written before
-deletes, and an update of a record the same round deletes is left out (the record ends deleted
-either way): a step that succeeds before its `RUNNING` write is flushed writes only its delete.
-Two updates of one record in a round are written in the order they joined.
+lands after every write of the earlier ones. Within a round, updates are written first, then
+outputs, then deletes; an update of a record the same round
+deletes is left out (the record ends deleted either way): a step that succeeds before its
+`RUNNING` write is flushed writes only its output and its delete. A succeeded step's output is
+stored before its record is deleted, so a step whose record is gone has its output. Two updates
+of one record in a round are written in the order they joined.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from choreography_ray.core.metrics import (
     Metrics,
     WriteOperation,
 )
-from choreography_ray.storage import StepUpdate, Storage
+from choreography_ray.storage import StepUpdate, Storage, StoredOutput
 
 
 class GroupCommit:
@@ -37,6 +39,7 @@ class GroupCommit:
         self._metrics = metrics
         self._updates: list[StepUpdate] = []
         self._deletes: defaultdict[str, set[str]] = defaultdict(set)
+        self._outputs: list[StoredOutput] = []
         #: The round's records by the metric labels of the writers that brought them.
         self._sizes: Counter[Labels] = Counter()
         self._round: asyncio.Future[None] | None = None
@@ -49,22 +52,25 @@ class GroupCommit:
         updates: Sequence[StepUpdate] = (),
         deletes: Iterable[tuple[str, str]] = (),
         labels: Labels = UNKNOWN,
+        outputs: Sequence[StoredOutput] = (),
     ) -> None:
-        """Joins the current round with these updates and (job_id, step_id) deletes and waits
-        until it is durable; `labels` tag the round's metrics (a round observes once per labels
-        among its writers)."""
-        await self.join(updates, deletes, labels)
+        """Joins the current round with these updates, (job_id, step_id) deletes and outputs
+        and waits until it is durable; `labels` tag the round's metrics (a round observes once
+        per labels among its writers)."""
+        await self.join(updates, deletes, labels, outputs)
 
     def join(
         self,
         updates: Sequence[StepUpdate] = (),
         deletes: Iterable[tuple[str, str]] = (),
         labels: Labels = UNKNOWN,
+        outputs: Sequence[StoredOutput] = (),
     ) -> asyncio.Future[None]:
         """Joins the current round now; the future (shielded: cancelling a waiter leaves the
         round alone) resolves once the round is durable."""
         self._updates.extend(updates)
-        records = len(updates)
+        self._outputs.extend(outputs)
+        records = len(updates) + len(outputs)
         for job_id, step_id in deletes:
             self._deletes[job_id].add(step_id)
             records += 1
@@ -93,8 +99,9 @@ class GroupCommit:
 
     async def _flush(self) -> None:
         round_, updates, deletes, sizes = self._round, self._updates, self._deletes, self._sizes
+        outputs = self._outputs
         self._round, self._updates, self._deletes = None, [], defaultdict(set)
-        self._sizes = Counter()
+        self._outputs, self._sizes = [], Counter()
         assert round_ is not None
         try:
             began = time.perf_counter()
@@ -102,6 +109,8 @@ class GroupCommit:
                 u for u in updates if u.step_id not in deletes.get(u.job_id, ())
             ):
                 await self._storage.update_steps(batch)
+            if outputs:
+                await self._storage.put_outputs(outputs)
             for job_id, step_ids in deletes.items():
                 await self._storage.delete_steps(job_id, step_ids)
             self._observe(sizes, time.perf_counter() - began)

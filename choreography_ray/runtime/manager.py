@@ -45,7 +45,7 @@ from choreography_ray.errors import JobLookupError, JobOperationError, StartJobE
 from choreography_ray.failures import FailureCluster
 from choreography_ray.job import Job
 from choreography_ray.logs import configure_actor, get_logger, ids
-from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepState
+from choreography_ray.model import JobsManagerKey, JobState, ResumeAfter, StepOutput, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime import actors
 from choreography_ray.runtime.membership import actor_exists
@@ -266,6 +266,13 @@ class ManagerCore:
         await self._owned(job_id)
         return await self.storage.failure_clusters(job_id)
 
+    async def outputs(
+        self, job_id: str, stage: int | None, after: str | None, limit: int
+    ) -> builtins.list[StepOutput]:
+        await self._owned(job_id)
+        found = await self.storage.list_outputs(job_id, stage=stage, after=after, limit=limit)
+        return [stored.parsed() for stored in found]
+
     async def operate(self, job_id: str, operation: str, *args: Any) -> Any:
         """stop, resume, remove or retry_failed_steps (with its arguments): answered from the
         stored job when that decides it, else on the job's actor (activated if need be)."""
@@ -450,6 +457,11 @@ class JobsManagerActor:
 
     async def failures(self, job_id: str) -> builtins.list[FailureCluster]:
         return await self.core.failures(job_id)
+
+    async def outputs(
+        self, job_id: str, stage: int | None, after: str | None, limit: int
+    ) -> builtins.list[StepOutput]:
+        return await self.core.outputs(job_id, stage, after, limit)
 
     async def operate(self, job_id: str, operation: str, *args: Any) -> Any:
         return await self.core.operate(job_id, operation, *args)

@@ -26,7 +26,7 @@ from choreography_ray.runtime.fences import Fences
 from choreography_ray.runtime.lanes import Spawn
 from choreography_ray.runtime.tenant import PERSIST_RETRY, Tenant
 from choreography_ray.status import StepStatus
-from choreography_ray.storage import StepUpdate
+from choreography_ray.storage import StepUpdate, StoredOutput
 
 log = get_logger(__name__)
 
@@ -75,9 +75,13 @@ class Outbox:
     ) -> None:
         updates: list[StepUpdate] = []
         deletes: list[tuple[str, str]] = []
+        outputs: list[StoredOutput] = []
         for o in outcomes:
             if o.status is StepStatus.COMPLETED_SUCCESSFULLY:
                 deletes.append((job_id, o.step_id))
+                if o.output is not None:
+                    stage, text = o.output
+                    outputs.append(StoredOutput(job_id, o.step_id, stage, o.attempt, text))
             else:
                 messages = () if o.message is None else (o.message,)
                 change = StatusChange(status=o.status, exception_messages=messages)
@@ -89,7 +93,7 @@ class Outbox:
         while True:
             await self._fences.begin_write(job_id)
             try:
-                await tenant.commit.write(updates, deletes, labels)
+                await tenant.commit.write(updates, deletes, labels, outputs)
             except Exception:
                 # Persist, then deliver: an outcome that is not stored is not reported.
                 async with self._room:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from choreography_ray.core.messages import Outcome, StepStart, describe, failed
+from pydantic import BaseModel
+
+from choreography_ray.core.messages import Outcome, Output, StepStart, describe, failed
 from choreography_ray.options import JobsOptions
 from choreography_ray.runtime.driver import SliceDriver
 from choreography_ray.status import StepStatus
@@ -51,6 +53,28 @@ def outcome_of(
             f"perform returned {type(result).__name__}, not a StepResult",
         )
     if result.success:
-        return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
+        if result.output is None:
+            return Outcome(step.step_id, step.attempt, StepStatus.COMPLETED_SUCCESSFULLY)
+        return _with_output(step, result.output, options.max_output_bytes)
     status = StepStatus.COMPLETED_WITH_FAILURE
     return failed(step.step_id, step.attempt, status, result.message, result.code)
+
+
+def _with_output(step: StepStart, output: BaseModel, limit: int) -> Outcome:
+    """A success with its output as JSON, or a failure naming why it cannot be stored."""
+    try:
+        text = output.model_dump_json()
+    except Exception as error:
+        message = f"the step's output could not be serialized to JSON: {describe(error)}"
+        return failed(step.step_id, step.attempt, StepStatus.FAILED, message)
+    size = len(text.encode())
+    if size > limit:
+        return failed(
+            step.step_id,
+            step.attempt,
+            StepStatus.FAILED,
+            f"the step's output is {size:,} bytes of JSON, over max_output_bytes ({limit:,}): "
+            "return less (a reference to a file, say) or raise JobsOptions.max_output_bytes",
+        )
+    status = StepStatus.COMPLETED_SUCCESSFULLY
+    return Outcome(step.step_id, step.attempt, status, output=Output(step.stage, text))

@@ -220,10 +220,10 @@ class StepHostCore:
             steps = [s for s, run in here if run is None]
             keys = [(job_id, s.step_id) for s in steps]
             for key, step in zip(keys, steps, strict=True):
-                self.running[key] = (
-                    StepContext(job_id, step.step_id, step.stage, step.attempt, tenant.decisions),
-                    None,
+                context = StepContext(
+                    job_id, step.step_id, step.stage, step.attempt, tenant.decisions, tenant.outputs
                 )
+                self.running[key] = (context, None)
                 tenant.leased[key] = step.attempt
             self._hold(job_id, len(steps))
         labels = self.job_labels.get(job_id, UNKNOWN)

@@ -16,6 +16,7 @@ from choreography_ray.core.retries import Backoff
 from choreography_ray.logs import get_logger, ids
 from choreography_ray.model import Lease, StatusChange, utcnow
 from choreography_ray.options import JobsOptions
+from choreography_ray.outputs import OutputReader
 from choreography_ray.runtime.delivery import Delivery
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.runtime.lanes import Spawn
@@ -60,6 +61,8 @@ class Tenant:
             self.options.scheduler.replay_answers_for,
             asyncio.get_running_loop(),
         )
+        #: `StepContext.outputs` of this tenant's steps.
+        self.outputs = OutputReader(self.storage, asyncio.get_running_loop())
         self.delivery = Delivery(self.options, namespace, self.job_exists, self.metrics)
         #: The steps whose lease the host renews, (job_id, step_id) -> attempt. A step leaves
         #: as soon as its outcome is known, before the outcome is written.

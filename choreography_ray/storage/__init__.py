@@ -29,6 +29,11 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
     job_counted_steps   one small record per counted step identity (CompletedStepsCounted,
                         StoppedStepsCounted). Key: (job, kind, step_id). Writing one costs the
                         same at 10 and at 1,000,000 records of a job.
+    job_outputs         one record per succeeded step that returned an output. Key:
+                        "{job_id}/{step_id}". Fields: job_id, step_id, stage, attempt, part,
+                        output (its JSON text). Indexes: (job_id, step_id): the pages of
+                        `list_outputs`; (job_id, part, step_id): a Dataset's read tasks, one
+                        part each (`OUTPUT_PARTS`).
     jobs_manager_keys   the recovery key catalog: every (scope, namespace) a manager served.
 
 Each provider's docstring says how it lays these out.
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import enum
 import json
+import zlib
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,6 +55,7 @@ from choreography_ray.model import (
     JobState,
     Lease,
     StatusChange,
+    StepOutput,
     StepState,
     utcnow,
 )
@@ -77,6 +84,52 @@ class StepUpdate:
     lease: Lease | None = None
     change: StatusChange | None = None
     failure_signature: str | None = None
+
+
+class StoredOutput(NamedTuple):
+    """A succeeded step's output as stored: its JSON text, as the step host serialized it."""
+
+    job_id: str
+    step_id: str
+    stage: int
+    attempt: int
+    output: str
+
+    def parsed(self) -> StepOutput:
+        return StepOutput(
+            job_id=self.job_id,
+            step_id=self.step_id,
+            stage=self.stage,
+            attempt=self.attempt,
+            output=json.loads(self.output),
+        )
+
+
+#: The statuses an attempt ends in without an output (docs/outputs.md).
+WITHOUT_OUTPUT = frozenset(
+    {StepStatus.FAILED, StepStatus.COMPLETED_WITH_FAILURE, StepStatus.STOPPED}
+)
+
+
+def ended_without_output(updates: Sequence[StepUpdate]) -> dict[str, list[tuple[str, int]]]:
+    """Per job, (step id, attempt) of the updates to a status without an output: `update_steps`
+    deletes the outputs an earlier attempt of such a step stored, while its record exists (a
+    step whose record is gone succeeded, and keeps its output)."""
+    ended: dict[str, list[tuple[str, int]]] = {}
+    for u in updates:
+        if u.status in WITHOUT_OUTPUT:
+            ended.setdefault(u.job_id, []).append((u.step_id, u.attempt))
+    return ended
+
+
+#: Parts a job's outputs are spread over (by a hash of the step id), so a Dataset reads them in
+#: that many independent, indexed streams.
+OUTPUT_PARTS = 64
+
+
+def output_part(step_id: str) -> int:
+    """The part of a step's output: stable across processes and versions (CRC-32)."""
+    return zlib.crc32(step_id.encode()) % OUTPUT_PARTS
 
 
 class LeaseRenewal(NamedTuple):
@@ -301,7 +354,9 @@ class Storage(Protocol):
         """Bulk status update, in one write. Steps that no longer exist, or whose stored attempt
         is later than the update's, are skipped: an earlier attempt's outcome, written again
         after a lost acknowledgement, never overwrites a later attempt's. The same update
-        written again records its status change once."""
+        written again records its status change once. An update to a failed or stopped status
+        of a step whose record exists also deletes its output of that attempt or an earlier
+        one (`ended_without_output`)."""
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         """Sets each step's lease (and `updated`) where the step is still RUNNING at the
@@ -335,6 +390,34 @@ class Storage(Protocol):
 
     async def remove_job_counted(self, job_id: str) -> None: ...
 
+    # step outputs
+    async def put_outputs(self, outputs: Sequence[StoredOutput]) -> None:
+        """Upserts outputs by (job, step) in one bulk write: written again (a lost
+        acknowledgement, a step run again) it stays one record. A stored output of a later
+        attempt than the one written is kept."""
+
+    async def delete_outputs(self, job_id: str, steps: Sequence[tuple[str, int]]) -> None:
+        """Deletes the outputs of (step id, attempt) pairs whose stored attempt is that attempt
+        or earlier (a failed or stopped attempt's write never deletes a later attempt's)."""
+
+    async def list_outputs(
+        self,
+        job_id: str,
+        *,
+        stage: int | None = None,
+        part: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredOutput]:
+        """A page of the job's outputs ordered by step id, those after `after`; of one stage
+        and of one part (`output_part`) when given. Read along the (job_id, step_id) index, or
+        the (job_id, part, step_id) one for a part: its cost follows the page, not the job."""
+
+    async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
+        """How many outputs the job has stored (of one stage when given)."""
+
+    async def remove_job_outputs(self, job_id: str) -> None: ...
+
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:
         """Idempotent."""
@@ -348,6 +431,25 @@ class Storage(Protocol):
 PAGE = 5_000
 #: Step ids per query of `get_steps`.
 IDS_PER_READ = 500
+
+
+async def output_pages(
+    storage: Storage,
+    job_id: str,
+    *,
+    stage: int | None = None,
+    part: int | None = None,
+    page: int = 1000,
+) -> AsyncIterator[list[StoredOutput]]:
+    """Every output of a job (of one stage, of one part), a page at a time, by step id."""
+    after: str | None = None
+    while True:
+        found = await storage.list_outputs(job_id, stage=stage, part=part, after=after, limit=page)
+        if found:
+            yield found
+        if len(found) < page:
+            return
+        after = found[-1].step_id
 
 
 async def step_pages(
@@ -413,6 +515,7 @@ def redact_url(url: str) -> str:
 
 
 __all__ = [
+    "OUTPUT_PARTS",
     "CountedKind",
     "JobCounts",
     "JobCursor",
@@ -422,10 +525,14 @@ __all__ = [
     "StatusCounts",
     "StepUpdate",
     "Storage",
+    "StoredOutput",
     "StoredStart",
     "as_utc",
     "chunks",
+    "ended_without_output",
     "open_storage",
+    "output_pages",
+    "output_part",
     "planned_records",
     "redact_url",
     "starts_of",

@@ -1,8 +1,8 @@
 """The in-process memory provider: the reference for the contract, and the one unit tests use.
 
-Jobs, steps and counted records live in dicts of immutable records. Inside a Ray cluster
-`memory://` is held by one actor (see `choreography_ray.runtime.memory_actor`) so every process
-sees the same data; it is lost with the cluster. Records are stored at this release's
+Jobs, steps, counted records and step outputs live in dicts of immutable records. Inside a Ray
+cluster `memory://` is held by one actor (see `choreography_ray.runtime.memory_actor`) so every
+process sees the same data; it is lost with the cluster. Records are stored at this release's
 `schema_version`; one of a newer version (as a test injects) is refused when read.
 """
 
@@ -33,8 +33,11 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredOutput,
     StoredStart,
     as_utc,
+    ended_without_output,
+    output_part,
     planned_records,
     starts_of,
 )
@@ -47,6 +50,7 @@ class MemoryStorage:
         self.steps: dict[str, dict[str, StepState]] = {}
         self._sorted_ids: dict[str, list[str]] = {}
         self.counted: dict[tuple[str, CountedKind], dict[str, None]] = {}
+        self.outputs: dict[str, dict[str, StoredOutput]] = {}
         self.keys: dict[JobsManagerKey, None] = {}
 
     async def create_job(self, job: JobState) -> JobState:
@@ -268,6 +272,9 @@ class MemoryStorage:
                     "failure_signature": u.failure_signature,
                 }
             )
+        for job_id, ended in ended_without_output(updates).items():
+            existing = self.steps.get(job_id, {})
+            await self.delete_outputs(job_id, [e for e in ended if e[0] in existing])
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         now = utcnow()
@@ -324,6 +331,46 @@ class MemoryStorage:
     async def remove_job_counted(self, job_id: str) -> None:
         for kind in CountedKind:
             self.counted.pop((job_id, kind), None)
+
+    async def put_outputs(self, outputs: Sequence[StoredOutput]) -> None:
+        for o in outputs:
+            stored = self.outputs.setdefault(o.job_id, {})
+            current = stored.get(o.step_id)
+            if current is None or current.attempt <= o.attempt:
+                stored[o.step_id] = o
+
+    async def delete_outputs(self, job_id: str, steps: Sequence[tuple[str, int]]) -> None:
+        stored = self.outputs.get(job_id, {})
+        for step_id, attempt in steps:
+            current = stored.get(step_id)
+            if current is not None and current.attempt <= attempt:
+                del stored[step_id]
+
+    async def list_outputs(
+        self,
+        job_id: str,
+        *,
+        stage: int | None = None,
+        part: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredOutput]:
+        stored = self.outputs.get(job_id, {})
+        ids = sorted(
+            step_id
+            for step_id, o in stored.items()
+            if (after is None or step_id > after)
+            and (stage is None or o.stage == stage)
+            and (part is None or output_part(step_id) == part)
+        )
+        return [stored[step_id] for step_id in ids[:limit]]
+
+    async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
+        stored = self.outputs.get(job_id, {}).values()
+        return sum(1 for o in stored if stage is None or o.stage == stage)
+
+    async def remove_job_outputs(self, job_id: str) -> None:
+        self.outputs.pop(job_id, None)
 
     async def add_manager_key(self, key: JobsManagerKey) -> None:
         self.keys[key] = None

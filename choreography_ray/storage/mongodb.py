@@ -1,10 +1,10 @@
 """The MongoDB provider: `mongodb://` and `mongodb+srv://` URLs, for clusters.
 
 The collections, their indexes, a record as a document and the counting queries:
-`storage/mongodb_records.py`. Indexes are created on first use, once per instance (never by a
-storage opened `read_only`, which creates nothing). The code keeps to what both `mongod` and
-`nx-27017` (the tests' server) implement, so tests run the production path. Measured on nx
-0.8.1:
+`storage/mongodb_records.py`; the step outputs' writes and reads: `storage/mongodb_outputs.py`.
+Indexes are created on first use, once per instance (never by a storage opened `read_only`,
+which creates nothing). The code keeps to what both `mongod` and `nx-27017` (the tests' server)
+implement, so tests run the production path. Measured on nx 0.8.1:
 
 - Datetimes are fixed-width UTC ISO-8601 strings with microseconds: nx stores a top-level
   datetime given to `$set` (`updated`) as a naive string, and a BSON date drops microseconds.
@@ -93,12 +93,15 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredOutput,
     StoredStart,
     chunks,
+    ended_without_output,
     planned_records,
     redact_url,
     starts_of,
 )
+from choreography_ray.storage import mongodb_outputs as output_docs
 from choreography_ray.storage import mongodb_records as records
 from choreography_ray.storage.mongodb_records import IDS_PER_WRITE, Doc
 
@@ -489,8 +492,14 @@ class MongoStorage:
             for chunk in chunks(keys, IDS_PER_WRITE):
                 only = {"_id": {"$in": chunk}, "attempt": {"$lte": u.attempt}}
                 writes.append(UpdateMany(only, change))
-        if writes:
-            await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
+        ended = ended_without_output(updates)
+
+        def write(db: Database[Doc]) -> None:
+            if writes:
+                db.job_steps.bulk_write(writes, ordered=False)
+            output_docs.delete_ended(db, ended)
+
+        await self._run(write)
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         now = records.encode(utcnow())
@@ -569,6 +578,33 @@ class MongoStorage:
 
     async def remove_job_counted(self, job_id: str) -> None:
         await self._run(lambda db: db.job_counted_steps.delete_many(records.equal(job_id=job_id)))
+
+    # step outputs (`storage/mongodb_outputs.py`)
+    async def put_outputs(self, outputs: Sequence[StoredOutput]) -> None:
+        if outputs:
+            await self._run(lambda db: output_docs.put(db, outputs))
+
+    async def delete_outputs(self, job_id: str, steps: Sequence[tuple[str, int]]) -> None:
+        if steps:
+            await self._run(lambda db: output_docs.delete(db, job_id, steps))
+
+    async def list_outputs(
+        self,
+        job_id: str,
+        *,
+        stage: int | None = None,
+        part: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredOutput]:
+        return await self._run(lambda db: output_docs.page(db, job_id, stage, part, after, limit))
+
+    async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
+        return await self._run(lambda db: output_docs.count(db, job_id, stage, self.read_only))
+
+    async def remove_job_outputs(self, job_id: str) -> None:
+        query = output_docs.query(job_id)
+        await self._run(lambda db: db[output_docs.COLLECTION].delete_many(query))
 
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:

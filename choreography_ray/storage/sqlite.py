@@ -8,7 +8,7 @@ failing halfway. sqlite3 calls block, so each instance runs them on one dedicate
 that owns the connection (opened on first use); the coroutines await that thread.
 
 The tables, what opening a file creates and how a read-only storage reads a file of an older
-release: `storage/sqlite_schema.py`.
+release: `storage/sqlite_schema.py`; the step outputs' statements: `storage/sqlite_outputs.py`.
 
 Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
 an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
@@ -63,10 +63,12 @@ from choreography_ray.storage import (
     PlannedStep,
     StatusCounts,
     StepUpdate,
+    StoredOutput,
     StoredStart,
     chunks,
     utc_text,
 )
+from choreography_ray.storage import sqlite_outputs as outputs_sql
 from choreography_ray.storage.sqlite_schema import ADDED_COLUMNS, TABLES, lay_out, shadow_missing
 
 _T = TypeVar("_T")
@@ -332,8 +334,16 @@ class SqliteStorage:
         return "" if self.read_only else f" INDEXED BY {index}"
 
     async def update_steps(self, updates: Sequence[StepUpdate]) -> None:
-        if updates:
-            await self._write(lambda c: c.executemany(_UPDATE_STEP, _update_rows(updates)))
+        if not updates:
+            return
+        rows, ended = _update_rows(updates), outputs_sql.ended_rows(updates)
+
+        def write(c: sqlite3.Connection) -> None:
+            c.executemany(_UPDATE_STEP, rows)
+            if ended:
+                c.executemany(outputs_sql.DELETE_ENDED, ended)
+
+        await self._write(write)
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         if not renewals:
@@ -389,6 +399,36 @@ class SqliteStorage:
             c.execute("DELETE FROM job_numbers WHERE job_id = ?", (job_id,))
 
         await self._write(remove)
+
+    # step outputs (`storage/sqlite_outputs.py`)
+    async def put_outputs(self, outputs: Sequence[StoredOutput]) -> None:
+        if outputs:
+            rows = outputs_sql.put_rows(outputs)
+            await self._write(lambda c: c.executemany(outputs_sql.PUT, rows))
+
+    async def delete_outputs(self, job_id: str, steps: Sequence[tuple[str, int]]) -> None:
+        if steps:
+            rows = outputs_sql.delete_rows(job_id, steps)
+            await self._write(lambda c: c.executemany(outputs_sql.DELETE, rows))
+
+    async def list_outputs(
+        self,
+        job_id: str,
+        *,
+        stage: int | None = None,
+        part: int | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> list[StoredOutput]:
+        sql, args = outputs_sql.page(job_id, stage, part, after, limit)
+        return [outputs_sql.stored(row) for row in await self._query(sql, *args)]
+
+    async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
+        sql, args = outputs_sql.count(job_id, stage)
+        return int((await self._query(sql, *args))[0][0])
+
+    async def remove_job_outputs(self, job_id: str) -> None:
+        await self._execute(outputs_sql.REMOVE_JOB, job_id)
 
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:

@@ -30,19 +30,24 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         1 = stopped: about 10 bytes plus the step id per record (22 for a
                         12-character id), and one B-tree insert per record whatever the job's
                         size. `remove_job_counted` also deletes the job's job_numbers row.
+    job_outputs         WITHOUT ROWID. PRIMARY KEY (job_id, step_id); stage, attempt, part
+                        (`output_part` of the step id), output (the JSON text as the step host
+                        wrote it). Index (job_id, part, step_id): a part's pages in step-id
+                        order. `remove_job_outputs` deletes the job's rows (`sqlite_outputs.py`
+                        has the statements).
     jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
 
-Opening a file creates what is missing, in one transaction: the tables, then the columns a file
-of an older release lacks (`has_plan`, `stop_finalized`, `records_counted_steps`, `error`,
-`version`, `schema_version`, `resume_after`, `held`, `status_since`, `priority` and
-`fairness_key` of `jobs`; `attempt`, `lease`, `is_prepared`, `schema_version` and
-`failure_signature` of `job_steps`), each with the default its field reads as (`schema_version`
-1; `priority` 3; `fairness_key` '', read as the namespace; `has_plan` 1 for a job whose progress
-has totals, which are written with the plan; `status_since` from each row's status history),
-then the indexes. A row an older release writes into a newer file has no `status_since` (NULL)
-and is no cleanup candidate until this release saves it; it gets the same `priority` and
-`fairness_key` defaults. Every row is written with this release's `SCHEMA_VERSION`; a row of a
-newer one is refused with `UnsupportedSchemaError` before it is parsed.
+Opening a file creates what is missing, in one transaction: the tables (a file of a release before
+`job_outputs` gets it, empty), then the columns a file of an older release lacks (`has_plan`,
+`stop_finalized`, `records_counted_steps`, `error`, `version`, `schema_version`, `resume_after`,
+`held`, `status_since`, `priority` and `fairness_key` of `jobs`; `attempt`, `lease`, `is_prepared`,
+`schema_version` and `failure_signature` of `job_steps`), each with the default its field reads as
+(`schema_version` 1; `priority` 3; `fairness_key` '', read as the namespace; `has_plan` 1 for a job
+whose progress has totals, which are written with the plan; `status_since` from each row's status
+history), then the indexes. A row an older release writes into a newer file has no `status_since`
+(NULL) and is no cleanup candidate until this release saves it; it gets the same `priority` and
+`fairness_key` defaults. Every row is written with this release's `SCHEMA_VERSION`; a row of a newer
+one is refused with `UnsupportedSchemaError` before it is parsed.
 
 A storage opened with `read_only` (`open_storage(url, read_only=True)`: the CLI's read-only
 commands) creates nothing: a missing file is `StorageUnavailableError` (no file or directory is
@@ -85,6 +90,10 @@ CREATE TABLE IF NOT EXISTS job_numbers (
 CREATE TABLE IF NOT EXISTS job_counted_steps (
     job_no INTEGER NOT NULL, kind INTEGER NOT NULL, step_id TEXT NOT NULL,
     PRIMARY KEY (job_no, kind, step_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS job_outputs (
+    job_id TEXT NOT NULL, step_id TEXT NOT NULL, stage INTEGER NOT NULL,
+    attempt INTEGER NOT NULL, part INTEGER NOT NULL, output TEXT NOT NULL,
+    PRIMARY KEY (job_id, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS jobs_manager_keys (
     scope TEXT NOT NULL, namespace TEXT NOT NULL, PRIMARY KEY (scope, namespace)) WITHOUT ROWID;
 """
@@ -97,6 +106,7 @@ CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_signature ON job_steps (job_id, failure_signature)
     WHERE failure_signature IS NOT NULL;
+CREATE INDEX IF NOT EXISTS job_outputs_job_part ON job_outputs (job_id, part, step_id);
 """
 #: The columns a file of an older release may lack, with what they read as on its rows: the
 #: field's default in `JobState` / `StepState` (a record without a version is version 1).

@@ -40,6 +40,8 @@ RUN_AS_FILE = {
     "ray_apps_1.py": ROOT / "docs" / "examples" / "ray_app.py",
     # tests/acceptance/test_embed_example.py runs it (`python docs/examples/embed.py`).
     "pools_1.py": ROOT / "docs" / "examples" / "embed.py",
+    # tests/acceptance/test_word_count_example.py runs it.
+    "outputs_2.py": ROOT / "docs" / "examples" / "word_count.py",
 }
 
 #: One xdist worker runs the whole module: its scripts run from a pool the module starts.

@@ -39,6 +39,7 @@ from choreography_ray.model import (
 )
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
+    OUTPUT_PARTS,
     CountedKind,
     JobCounts,
     JobCursor,
@@ -47,12 +48,15 @@ from choreography_ray.storage import (
     PlannedStep,
     StepUpdate,
     Storage,
+    StoredOutput,
     StoredStart,
     open_storage,
+    output_part,
     redact_url,
 )
 from choreography_ray.storage.memory import MemoryStorage
 from choreography_ray.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES, SqliteStorage
+from tests.fixtures import build_oldest_sqlite
 
 T0 = datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 COMPLETED, STOPPED = CountedKind.COMPLETED, CountedKind.STOPPED
@@ -904,6 +908,223 @@ async def test_mongodb__the_status_indexes_of_an_earlier_release_are_replaced(
         ["job_id", "stage", "status", "step_id"],
         ["job_id", "status", "step_id"],
         ["job_id", "step_id"],
+    ]
+
+
+# --- step outputs ----------------------------------------------------------------------------
+
+
+def output(
+    job_id: str, step_id: str, *, stage: int = 0, attempt: int = 1, text: str | None = None
+) -> StoredOutput:
+    if text is None:
+        text = json.dumps({"step": step_id, "attempt": attempt})
+    return StoredOutput(job_id, step_id, stage, attempt, text)
+
+
+async def test_put_outputs__read_back_equal(storage: Storage) -> None:
+    written = [output("j1", "b", stage=2, attempt=3, text='{"x": [1, 2.5, null]}'),
+               output("j1", "a", text="7"), output("j1", "c", text='"text"')]  # fmt: skip
+
+    await storage.put_outputs(written)
+    await storage.put_outputs([])
+
+    assert await storage.list_outputs("j1") == sorted(written, key=lambda o: o.step_id)
+    assert (await storage.list_outputs("j1"))[1].parsed().output == {"x": [1, 2.5, None]}
+    assert await storage.list_outputs("missing") == []
+
+
+async def test_list_outputs__pages_by_after_and_limit_in_step_id_order(storage: Storage) -> None:
+    await storage.put_outputs([output("j1", f"s{i:03d}") for i in reversed(range(25))])
+
+    pages, after = [], None
+    while page := await storage.list_outputs("j1", after=after, limit=10):
+        pages.append([o.step_id for o in page])
+        after = page[-1].step_id
+
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert [step_id for page in pages for step_id in page] == [f"s{i:03d}" for i in range(25)]
+    assert await storage.list_outputs("j1", after="s024") == []
+
+
+async def test_list_outputs__filters_by_stage_and_part_while_paging(storage: Storage) -> None:
+    ids = [f"s{i:03d}" for i in range(300)]
+    await storage.put_outputs([output("j1", s, stage=i % 2) for i, s in enumerate(ids)])
+    # The part most of the ids share, so that its pages are several.
+    part = max(range(OUTPUT_PARTS), key=lambda p: sum(output_part(s) == p for s in ids))
+
+    async def found(**filters: int) -> list[str]:
+        step_ids, after = [], None
+        while page := await storage.list_outputs("j1", after=after, limit=3, **filters):
+            step_ids += [o.step_id for o in page]
+            after = page[-1].step_id
+        return step_ids
+
+    in_part = [s for s in ids if output_part(s) == part]
+    assert len(in_part) > 3
+    assert await found(stage=1) == ids[1::2]
+    assert await found(part=part) == in_part
+    assert await found(part=part, stage=0) == [s for s in in_part if int(s[1:]) % 2 == 0]
+    assert await found(stage=2) == []
+
+
+async def test_put_outputs__the_same_output_written_twice_is_one_record(storage: Storage) -> None:
+    written = output("j1", "a", attempt=2)
+
+    await storage.put_outputs([written])
+    await storage.put_outputs([written])
+
+    assert await storage.list_outputs("j1") == [written]
+    assert await storage.count_outputs("j1") == 1
+
+
+async def test_put_outputs__a_later_attempt_overwrites_an_earlier(storage: Storage) -> None:
+    await storage.put_outputs([output("j1", "a", attempt=1)])
+
+    later = output("j1", "a", stage=1, attempt=2, text='{"later": true}')
+    await storage.put_outputs([later])
+
+    assert await storage.list_outputs("j1") == [later]
+
+
+async def test_put_outputs__an_earlier_attempt_written_after_a_later_leaves_the_later(
+    storage: Storage,
+) -> None:
+    later = output("j1", "a", attempt=3)
+    await storage.put_outputs([later, output("j1", "b", attempt=1)])
+
+    newer_b = output("j1", "b", attempt=2)
+    await storage.put_outputs([output("j1", "a", attempt=2), newer_b])
+
+    assert await storage.list_outputs("j1") == [later, newer_b]
+
+
+async def test_delete_outputs__only_where_the_stored_attempt_is_that_one_or_earlier(
+    storage: Storage,
+) -> None:
+    await storage.put_outputs([output("j1", s, attempt=2) for s in "abcd"])
+    await storage.put_outputs([output("j2", "a", attempt=1)])
+
+    await storage.delete_outputs("j1", [("a", 2), ("b", 3), ("c", 1), ("missing", 5)])
+    await storage.delete_outputs("j1", [])
+
+    assert [o.step_id for o in await storage.list_outputs("j1")] == ["c", "d"]
+    assert [o.step_id for o in await storage.list_outputs("j2")] == ["a"]
+
+
+async def test_update_steps__failed_or_stopped_deletes_an_earlier_attempts_output(
+    storage: Storage,
+) -> None:
+    # A host stored attempt 1's output and died before the step's record was deleted; the
+    # step then failed (or was stopped) at a later attempt: it has no output.
+    await storage.insert_steps([step("j1", s) for s in ("failed", "stopped", "retried", "later")])
+    await storage.put_outputs([output("j1", s, attempt=1) for s in ("failed", "stopped")])
+    await storage.put_outputs(
+        [output("j1", "retried", attempt=1), output("j1", "later", attempt=3)]
+    )
+
+    await storage.update_steps(
+        [
+            StepUpdate("j1", "failed", FAILED, 2),
+            StepUpdate("j1", "stopped", StepStatus.STOPPED, 2),
+            StepUpdate("j1", "retried", RUNNING, 2),
+            StepUpdate("j1", "later", FAILED, 2),  # an earlier attempt's: attempt 3's stays
+        ]
+    )
+
+    assert [o.step_id for o in await storage.list_outputs("j1")] == ["later", "retried"]
+
+
+async def test_update_steps__a_stop_of_a_step_that_succeeded_leaves_its_output(
+    storage: Storage,
+) -> None:
+    # Its record is deleted (it succeeded) when a stop of the same attempt is written.
+    await storage.put_outputs([output("j1", "done", attempt=1)])
+
+    await storage.update_steps([StepUpdate("j1", "done", StepStatus.STOPPED, 1)])
+
+    assert [o.step_id for o in await storage.list_outputs("j1")] == ["done"]
+
+
+async def test_count_outputs__of_the_job_and_of_a_stage_not_of_other_jobs(
+    storage: Storage,
+) -> None:
+    await storage.put_outputs(
+        [output("j1", f"s{i}", stage=i % 3) for i in range(10)] + [output("j2", "s0", stage=0)]
+    )
+
+    assert await storage.count_outputs("j1") == 10
+    assert await storage.count_outputs("j1", stage=0) == 4
+    assert await storage.count_outputs("j1", stage=2) == 3
+    assert await storage.count_outputs("j1", stage=5) == 0
+    assert await storage.count_outputs("j2") == 1
+    assert await storage.count_outputs("missing") == 0
+    assert [o.job_id for o in await storage.list_outputs("j2")] == ["j2"]
+
+
+async def test_remove_job_outputs__removes_the_jobs_and_leaves_another_jobs(
+    storage: Storage,
+) -> None:
+    await storage.put_outputs([output("j1", "a"), output("j1", "b"), output("j2", "a")])
+
+    await storage.remove_job_outputs("j1")
+    await storage.remove_job_outputs("missing")
+
+    assert await storage.list_outputs("j1") == []
+    assert await storage.count_outputs("j1") == 0
+    assert await storage.list_outputs("j2") == [output("j2", "a")]
+
+
+async def test_put_outputs__a_long_unicode_json_comes_back_as_written(storage: Storage) -> None:
+    """The output is the step host's JSON text: it is stored and read back to the letter."""
+    unit = r"caf\u00e9 é ✓ 😀 \"q\" \\ \n 中文 / "  # JSON escapes, as text, and the characters
+    body = unit * ((1000 - 9) // len(unit))
+    text = '{"s": "' + body + "x" * (1000 - 9 - len(body)) + '"}'
+    assert len(text) == 1000 and json.loads(text)["s"].startswith('café é ✓ 😀 "q" \\ \n')
+
+    await storage.put_outputs([output("j1", "a", text=text)])
+
+    (back,) = await storage.list_outputs("j1")
+    assert back.output.encode() == text.encode()
+
+
+def test_sqlite__a_file_of_an_older_release_gets_the_outputs_table_on_open(
+    tmp_path: Path,
+) -> None:
+    url = build_oldest_sqlite(tmp_path / "old.db", scope="s", namespace="n", log="",
+                              job_type="pkg.jobs:Job", step_type="pkg.jobs:Step")  # fmt: skip
+
+    async def run() -> list[StoredOutput]:
+        storage = open_storage(url)
+        try:
+            await storage.put_outputs([output("j1", "a")])
+            return await storage.list_outputs("j1")
+        finally:
+            await storage.close()
+
+    assert asyncio.run(run()) == [output("j1", "a")]
+    with sqlite3.connect(tmp_path / "old.db") as connection:
+        indexes = [row[1] for row in connection.execute("PRAGMA index_list(job_outputs)")]
+    assert "job_outputs_job_part" in indexes
+
+
+def test_sqlite__a_page_of_one_part_searches_the_part_index(tmp_path: Path) -> None:
+    from choreography_ray.storage.sqlite_outputs import page
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def lay_out() -> None:
+        storage = SqliteStorage(url)
+        await storage.put_outputs([output("j1", f"s-{n:05d}") for n in range(100)])
+        await storage.close()
+
+    asyncio.run(lay_out())
+    sql, args = page("j1", None, 5, "s-00050", 25)
+    with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+
+    assert plan == [
+        "SEARCH job_outputs USING INDEX job_outputs_job_part (job_id=? AND part=? AND step_id>?)"
     ]
 
 

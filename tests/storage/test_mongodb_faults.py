@@ -19,7 +19,7 @@ import pytest
 from choreography_ray.errors import ConcurrencyError, DuplicateRecordError, StorageUnavailableError
 from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, LeaseRenewal, StepUpdate
+from choreography_ray.storage import CountedKind, LeaseRenewal, StepUpdate, StoredOutput
 from choreography_ray.storage.mongodb import MongoStorage, _client_options
 from tests.mongo_proxy import SHORT_DEADLINES, FaultProxy
 
@@ -107,6 +107,17 @@ async def test_lost_ack__counted_records_and_deletes_written_again_change_nothin
 
     assert await store.list_counted("j1", CountedKind.COMPLETED) == ["a", "b"]
     assert sorted(await store.get_steps("j1", ["a", "b", "c"])) == ["b", "c"]
+
+
+async def test_lost_ack__outputs_written_again_are_one_record_per_step(
+    proxy: FaultProxy, store: MongoStorage
+) -> None:
+    outputs = [StoredOutput("j1", s, 0, 1, f'{{"step": "{s}"}}') for s in "ab"]
+
+    assert await lost_then_again(proxy, "update", lambda: store.put_outputs(outputs)) is None
+
+    assert await store.list_outputs("j1") == outputs
+    assert await store.count_outputs("j1") == 2
 
 
 async def test_lost_ack__a_lease_renewal_written_again_renews_the_same_steps(

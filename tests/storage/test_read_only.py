@@ -15,7 +15,7 @@ import pytest
 from choreography_ray.errors import StorageError, StorageUnavailableError
 from choreography_ray.model import JobsManagerKey, JobState
 from choreography_ray.status import JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, open_storage
+from choreography_ray.storage import CountedKind, StoredOutput, open_storage
 from choreography_ray.storage.mongodb import MongoStorage
 from choreography_ray.storage.scheduler import scheduler_storage
 from tests.fixtures import OLDEST_JOBS, build_oldest_sqlite
@@ -66,6 +66,9 @@ def test_oldest_sqlite_file__read_with_the_upgrades_defaults_and_left_unchanged(
             assert [s.attempt for s in steps] == [0, 0, 0]
             assert (await storage.count_by_status("old-running"))[0, StepStatus.RUNNING] == 1
             assert await storage.list_counted("old-running", CountedKind.COMPLETED) == []
+            # The outputs' table is missing: it reads as empty, and stays missing.
+            assert await storage.list_outputs("old-running") == []
+            assert await storage.count_outputs("old-running", stage=0) == 0
             assert await storage.list_manager_keys() == [JobsManagerKey(scope="old", namespace="n")]
             # The scheduler's tables are missing: they read as empty, and stay missing.
             sched = scheduler_storage(storage)
@@ -84,18 +87,24 @@ def test_oldest_sqlite_file__read_with_the_upgrades_defaults_and_left_unchanged(
 def test_current_sqlite_file__reads_what_was_written_and_refuses_writes(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     job = JobState(id="j1", scope="s", namespace="n", type="pkg.jobs:Job")
+    output = StoredOutput("j1", "a", 0, 1, '{"n": 1}')
 
     async def run() -> None:
         writer = open_storage(url)
         await writer.add_manager_key(job.key)
         await writer.create_job(job.with_status(JobStatus.RUNNING))
+        await writer.put_outputs([output])
         await writer.close()
         reader = open_storage(url, read_only=True)
         try:
             stored = await reader.get_job("j1")
             assert stored is not None and stored.status is JobStatus.RUNNING
+            assert await reader.list_outputs("j1", stage=0) == [output]
+            assert await reader.count_outputs("j1") == 1
             with pytest.raises(StorageError, match="read-only"):
                 await reader.remove_job("j1")
+            with pytest.raises(StorageError, match="read-only"):
+                await reader.put_outputs([output])
         finally:
             await reader.close()
 
@@ -143,6 +152,8 @@ def test_mongodb_read_only__reads_what_was_written_and_creates_no_index(
             assert stored is not None and stored.id == "j1"
             assert await untouched.get_job("j1") is None
             assert await untouched.list_manager_keys() == []
+            assert await untouched.list_outputs("j1") == []
+            assert await untouched.count_outputs("j1") == 0
             assert await scheduler_storage(untouched).list_manifests("s") == []
             assert isinstance(untouched, MongoStorage)
             return untouched._database().list_collection_names()
