@@ -26,7 +26,7 @@ from choreography_ray.core.cleanup import (
 from choreography_ray.model import JobProgress, JobsManagerKey, JobState, StatusChange, StepState
 from choreography_ray.options import JobsOptions
 from choreography_ray.status import JobStatus
-from choreography_ray.storage import CountedKind
+from choreography_ray.storage import CountedKind, StoredOutput
 from choreography_ray.storage.memory import MemoryStorage
 from choreography_ray.types import type_path
 from tests.unit.core.fakes import FaultyStorage
@@ -63,6 +63,7 @@ async def store(storage: MemoryStorage, *jobs: JobState, steps: int = 0) -> None
         )
         if steps:
             await storage.add_counted(job.id, CountedKind.COMPLETED, ["000"])
+            await storage.put_outputs([StoredOutput(job.id, "900", 0, 1, '{"n": 1}')])
 
 
 class Activations:
@@ -192,7 +193,9 @@ def test_pass__removes_old_terminal_and_dead_jobs_with_their_records_and_nothing
         for job_id in ("done", "failures"):
             assert await storage.list_steps(job_id) == []
             assert await storage.list_counted(job_id, CountedKind.COMPLETED) == []
+            assert await storage.count_outputs(job_id) == 0
         assert await storage.list_steps("preparing-with-steps") != []
+        assert await storage.count_outputs("preparing-with-steps") == 1
 
     run(scenario)
 
