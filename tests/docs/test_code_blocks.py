@@ -41,7 +41,7 @@ RUN_AS_FILE = {
     # tests/acceptance/test_embed_example.py runs it (`python docs/examples/embed.py`).
     "pools_1.py": ROOT / "docs" / "examples" / "embed.py",
     # tests/acceptance/test_word_count_example.py runs it.
-    "outputs_2.py": ROOT / "docs" / "examples" / "word_count.py",
+    "outputs_1.py": ROOT / "docs" / "examples" / "word_count.py",
 }
 
 #: One xdist worker runs the whole module: its scripts run from a pool the module starts.
