@@ -1,17 +1,26 @@
 """A job's outputs as a Ray Dataset (`jobs.outputs_dataset`): a datasource whose read tasks
 each stream some of the job's `OUTPUT_PARTS` parts straight from storage, a block per page, so
 no process holds every output (docs/outputs.md). Imported only when a Dataset is asked for:
-it loads Ray Data."""
+it loads Ray Data.
+
+A block is built column by column: the outputs' JSON texts are parsed by Arrow's own JSON
+reader into one struct column, never into Python objects. There is a read task per
+`ROWS_PER_TASK` outputs (counted when the Dataset is planned), at most one per part and at most
+the parallelism Ray Data asks for.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
-from collections.abc import Iterator
-from typing import Any
+import io
+import math
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pyarrow
+import pyarrow.json
 import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
@@ -20,6 +29,11 @@ from choreography_ray.storage import OUTPUT_PARTS, Storage, StoredOutput, open_s
 
 #: Outputs per block (one query each).
 PAGE = 10_000
+#: Outputs a read task reads at least (fewer tasks for a smaller job: each costs a process
+#: turn and a storage connection).
+ROWS_PER_TASK = 50_000
+
+_T = TypeVar("_T")
 
 
 def outputs_dataset(
@@ -46,15 +60,31 @@ class _OutputsSource(Datasource):
         return "ChoreographyOutputs"
 
     def get_read_tasks(self, parallelism: int, *args: Any, **kwargs: Any) -> list[Any]:
-        tasks = max(1, min(parallelism, OUTPUT_PARTS))
-        where = self._where
+        storage_url, namespace, job_id, stage = self._where
+        count = _run(_count(_reading(storage_url, namespace), job_id, stage))
+        tasks = max(1, min(parallelism, OUTPUT_PARTS, math.ceil(count / ROWS_PER_TASK)))
         return [
             ReadTask(
-                functools.partial(_read_parts, *where, list(range(first, OUTPUT_PARTS, tasks))),
+                functools.partial(
+                    _read_parts, *self._where, list(range(first, OUTPUT_PARTS, tasks))
+                ),
                 BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None),
             )
             for first in range(tasks)
         ]
+
+
+async def _count(storage: Storage, job_id: str, stage: int | None) -> int:
+    try:
+        return await storage.count_outputs(job_id, stage)
+    finally:
+        await storage.close()
+
+
+def _run(work: Coroutine[Any, Any, _T]) -> _T:
+    """`work` run to its end on a loop of its own: Ray Data may plan on a thread that runs one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def _read_parts(
@@ -71,20 +101,27 @@ def _read_parts(
                     found = loop.run_until_complete(anext(pages))
                 except StopAsyncIteration:
                     break
-                yield pyarrow.Table.from_pylist([_row(stored) for stored in found])
+                yield _block(found)
     finally:
         loop.run_until_complete(storage.close())
         loop.close()
 
 
-def _row(stored: StoredOutput) -> dict[str, Any]:
-    return {
-        "job_id": stored.job_id,
-        "step_id": stored.step_id,
-        "stage": stored.stage,
-        "attempt": stored.attempt,
-        "output": json.loads(stored.output),
-    }
+def _block(found: list[StoredOutput]) -> pyarrow.Table:
+    texts = "\n".join(stored.output for stored in found).encode()
+    outputs = pyarrow.json.read_json(io.BytesIO(texts))
+    return pyarrow.table(
+        {
+            "job_id": [stored.job_id for stored in found],
+            "step_id": [stored.step_id for stored in found],
+            "stage": [stored.stage for stored in found],
+            "attempt": [stored.attempt for stored in found],
+            # An output of no fields is an empty struct (Arrow reads no columns from `{}`).
+            "output": outputs.to_struct_array()
+            if outputs.num_columns
+            else pyarrow.array([{}] * len(found)),
+        }
+    )
 
 
 def _reading(storage_url: str, namespace: str) -> Storage:

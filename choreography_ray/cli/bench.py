@@ -124,6 +124,25 @@ def bench(
             "backlog, priorities, weighted shares, a limit never reached (docs/sharing.md).",
         ),
     ] = False,
+    outputs: Annotated[
+        bool,
+        typer.Option(
+            "--outputs",
+            help="Run the step-output scenarios instead: bare tasks returning a ~100-byte value, "
+            "the job without and with a ~100-byte output per step, its outputs read as a Ray "
+            "Dataset (--steps: 100000 by default; --storage, --repeat, --leases apply).",
+        ),
+    ] = False,
+    outputs_read_rows: Annotated[
+        int,
+        typer.Option(
+            "--outputs-read-rows",
+            min=0,
+            metavar="N",
+            help="--outputs: also seed N outputs in storage and read them as a Dataset, "
+            "reporting rows/s and the driver's peak RSS growth; 0 skips it.",
+        ),
+    ] = 0,
     pool_items: Annotated[
         int, typer.Option(min=1, metavar="N", help="--pools: items, one step each.")
     ] = 100_000,
@@ -160,6 +179,19 @@ def bench(
     """
     if sharing:
         _bench_sharing(json_file)
+        return
+    if outputs:
+        _bench_outputs(
+            OutputsOptions(
+                steps=tuple(steps or ()),
+                storages=tuple(storage or ()),
+                repeat=repeat,
+                leases=leases,
+                read_rows=outputs_read_rows,
+                stall_seconds=stall_seconds,
+            ),
+            json_file,
+        )
         return
     if pools:
         _bench_pools(
@@ -263,6 +295,40 @@ def _bench_sharing(json_file: Path | None) -> None:
     sharing.print_report(report, console)
     if json_file is not None:
         json_file.write_text(json.dumps(asdict(report), indent=2) + "\n")
+        err_console.print(f"wrote {json_file}", highlight=False, markup=False)
+
+
+class OutputsOptions(NamedTuple):
+    steps: tuple[int, ...]
+    storages: tuple[str, ...]
+    repeat: int
+    leases: bool
+    read_rows: int
+    stall_seconds: float
+
+
+def _bench_outputs(options: OutputsOptions, json_file: Path | None) -> None:
+    from choreography_ray.bench import outputs
+
+    storages = tuple(resolve_storage(url) for url in options.storages)
+    for url in storages:
+        check_storage(url)
+    config = outputs.OutputsConfig(
+        steps=options.steps or (outputs.DEFAULT_STEPS,),
+        storages=storages,
+        repeat=options.repeat,
+        leases=options.leases,
+        read_rows=options.read_rows,
+        stall_seconds=options.stall_seconds,
+    )
+
+    def log(message: str) -> None:
+        err_console.print(message, style="dim", highlight=False, markup=False, soft_wrap=True)
+
+    report = outputs.run(config, log=log)
+    outputs.print_report(report, console)
+    if json_file is not None:
+        json_file.write_text(json.dumps(report.as_json(), indent=2) + "\n")
         err_console.print(f"wrote {json_file}", highlight=False, markup=False)
 
 

@@ -2,10 +2,12 @@
 `storage/sqlite_schema.py`), which `storage/sqlite.py` runs on its worker thread.
 
 A write is one `executemany` in the provider's one write transaction. An output is upserted by
-its key, (job_id, step_id), and only by an attempt as late as the stored one: an earlier
-attempt's output written again after a lost acknowledgement leaves the later one. A delete is
-likewise conditional on the attempt. A page is read along the primary key, or, for one part,
-along the (job_id, part, step_id) index; both are in step-id order, so a page costs its rows.
+its key, (job_id, part, step_id) (the part is a function of the step id), and only by an attempt
+as late as the stored one: an earlier attempt's output written again after a lost acknowledgement
+leaves the later one. A delete is likewise conditional on the attempt. A part's page is read
+along the primary key (its rows stored together: a Dataset's read task reads them in sequence),
+any other page along the (job_id, step_id) index; both are in step-id order, so a page costs its
+rows.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from choreography_ray.storage import StepUpdate, StoredOutput, ended_without_out
 
 PUT = """INSERT INTO job_outputs (job_id, step_id, stage, attempt, part, output)
     VALUES (?, ?, ?, ?, ?, ?)
-    ON CONFLICT (job_id, step_id) DO UPDATE SET stage = excluded.stage,
-        attempt = excluded.attempt, part = excluded.part, output = excluded.output
+    ON CONFLICT (job_id, part, step_id) DO UPDATE SET stage = excluded.stage,
+        attempt = excluded.attempt, output = excluded.output
     WHERE excluded.attempt >= job_outputs.attempt"""
-DELETE = "DELETE FROM job_outputs WHERE job_id = ? AND step_id = ? AND attempt <= ?"
+DELETE = """DELETE FROM job_outputs
+    WHERE job_id = ? AND part = ? AND step_id = ? AND attempt <= ?"""
 #: `update_steps`' delete of the outputs of steps it ended failed or stopped, while their
 #: record exists (`storage.ended_without_output`).
 DELETE_ENDED = f"""{DELETE} AND EXISTS
@@ -37,7 +40,7 @@ def put_rows(outputs: Sequence[StoredOutput]) -> list[tuple[Any, ...]]:
 
 
 def delete_rows(job_id: str, steps: Sequence[tuple[str, int]]) -> list[tuple[Any, ...]]:
-    return [(job_id, step_id, attempt) for step_id, attempt in steps]
+    return [(job_id, output_part(step_id), step_id, attempt) for step_id, attempt in steps]
 
 
 def ended_rows(updates: Sequence[StepUpdate]) -> list[tuple[Any, ...]]:

@@ -18,7 +18,11 @@
    SCHEDULED as a step that never started), none of its steps ran, and no pool host of its
    shape ever existed (a storage fault at its start may fail it first, FAILED with no plan:
    the harness's stop then finds it not running);
-8. in a run with pools, no pool host is left that Ray has not placed.
+8. in a run with pools, no pool host is left that Ray has not placed;
+9. step outputs: a settled job's stored outputs, read in pages (`output_pages`), are exactly
+   one per succeeded step (a step whose record is gone, as 2. counts it) and none of a step
+   stored failed, stopped, unreachable or never started; each was written by an attempt of
+   its step that ended `ok`, at that step's stage; a removed job has none left (6.).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.faults import LOSSY, MONGODB_FAULTS, STOPS, STORAGE_FAULTS, ChaosCluster
-from tests.chaos.jobs import UNPLACEABLE_SHAPE
+from tests.chaos.jobs import UNPLACEABLE_SHAPE, ChaosOutput
 from tests.support import in_storage, read_trace
 
 #: Seconds after a step's perform ended within which its outcome may still be unwritten (the
@@ -45,6 +49,9 @@ CLEANUP_TIMEOUT = 30.0
 #: Seconds the start of an unplaceable job, and its stop, may take to answer (the defect of
 #: issue 34: neither answered until a node that fits joined).
 UNPLACEABLE_BOUND = 30.0
+
+#: Outputs read per page by `check_outputs`: small, so that a chaos job's are several pages.
+OUTPUT_PAGE = 100
 
 #: Ray's states of an actor that is placed, or gone.
 PLACED_OR_GONE = ("ALIVE", "DEAD")
@@ -354,6 +361,9 @@ def check_left_behind(world: ChaosCluster, result: Any, job_id: str, removed: bo
             n = await storage.count_counted(job_id, kind)
             if n:
                 found.append(f"{n} counted {kind} records")
+        outputs = await storage.count_outputs(job_id)
+        if outputs:
+            found.append(f"{outputs} step outputs")
         return found
 
     leftovers = _eventually(lambda: in_storage(world.storage_url, stored), CLEANUP_TIMEOUT)
@@ -392,7 +402,114 @@ def check(
         terminal = status in TERMINAL
         check_progress(result, job_id, total, state, records, terminal)
         check_steps(result, job_id, total, state, records, runs, terminal)
+        stages = [s["stage"] for s in plan.jobs[index].steps]
+        check_outputs(world, result, job_id, total, state, records, runs, stages)
         check_left_behind(world, result, job_id, removed=False)
+
+
+# -- step outputs -----------------------------------------------------------------------------
+
+
+def stored_outputs(world: ChaosCluster, job_id: str) -> tuple[list[Any], int]:
+    """Every output stored for the job, read `OUTPUT_PAGE` at a time (`output_pages`), and what
+    `count_outputs` says."""
+
+    async def read(storage: Any) -> tuple[list[Any], int]:
+        from choreography_ray.storage import output_pages
+
+        found: list[Any] = []
+        async for page in output_pages(storage, job_id, page=OUTPUT_PAGE):
+            found.extend(page)
+        return found, await storage.count_outputs(job_id)
+
+    found, counted = in_storage(world.storage_url, read)
+    return found, counted
+
+
+def check_outputs(
+    world: ChaosCluster,
+    result: Any,
+    job_id: str,
+    total: int,
+    state: Any,
+    records: dict[str, Any],
+    runs: dict[tuple[str, str], list[dict[str, Any]]],
+    stages: Sequence[int] | None,
+) -> None:
+    """9. above, for a settled (terminal or finally stopped) job: the steps with an output are
+    the steps that succeeded, as `check_steps` knows them (no record left: a host deletes a
+    succeeded step's record in the group commit that stores its output, after the output; the
+    watchdog counts a step whose record is gone as succeeded, so it too has its host's output).
+    A job that stored no plan ran nothing and has none. `stages`: each step's stage, as
+    planned (None: not checked)."""
+    found, counted = stored_outputs(world, job_id)
+    width = max(6, len(str(total)))
+    planned = [f"{n:0{width}d}" for n in range(total)]
+    succeeded = {s for s in planned if s not in records} if state.has_plan else set()
+    by_step: dict[str, Any] = {}
+    for stored in found:
+        if stored.step_id in by_step:
+            result.violate(
+                "output_twice",
+                job_id,
+                f"step {stored.step_id} has two outputs in the pages read: "
+                f"{by_step[stored.step_id]} and {stored}",
+            )
+        by_step[stored.step_id] = stored
+    if counted != len(found):
+        result.violate(
+            "output_pages",
+            job_id,
+            f"count_outputs says {counted}, the pages held {len(found)}",
+        )
+    missing = sorted(succeeded - set(by_step))
+    if missing:
+        result.violate(
+            "output_missing",
+            job_id,
+            f"{len(missing)} succeeded steps have no output (of {len(succeeded)} succeeded), "
+            f"e.g. {missing[:5]}; their runs: "
+            + "; ".join(f"{s}: {_brief(runs.get((job_id, s), []))}" for s in missing[:3]),
+        )
+    extra = sorted(set(by_step) - succeeded)
+    if extra:
+        described = [
+            f"{s} ({records[s].status.value} at attempt {records[s].attempt}; output of attempt "
+            f"{by_step[s].attempt})"
+            if s in records
+            else f"{s} (not a step of the job's plan)"
+            for s in extra[:5]
+        ]
+        result.violate(
+            "output_orphan",
+            job_id,
+            f"{len(extra)} outputs of steps that did not succeed, e.g. {', '.join(described)}",
+        )
+    for step in sorted(succeeded & set(by_step)):
+        stored = by_step[step]
+        problems = []
+        try:
+            output = ChaosOutput.model_validate_json(stored.output)
+        except ValueError as error:
+            problems.append(f"its JSON is not a ChaosOutput ({error})")
+        else:
+            if output.step != step or output.attempt != stored.attempt:
+                problems.append(
+                    f"stored for attempt {stored.attempt}, it says step {output.step} attempt "
+                    f"{output.attempt}"
+                )
+        if stages is not None and stored.stage != stages[int(step)]:
+            problems.append(f"stored at stage {stored.stage}, planned at {stages[int(step)]}")
+        step_runs = runs.get((job_id, step), [])
+        ok = {r["attempt"] for r in step_runs if r["result"] == "ok"}
+        if stored.attempt not in ok:
+            problems.append(
+                f"attempt {stored.attempt} never ended ok (ok at {sorted(ok)}; runs "
+                f"{_brief(step_runs)})"
+            )
+        if problems:
+            detail = "; ".join(problems)
+            result.violate("output_mismatch", job_id, f"step {step}'s output: {detail}")
 
 
 # -- pools ------------------------------------------------------------------------------------
@@ -461,6 +578,7 @@ def check_unplaceable(
             f"started: progress {p.model_dump()}, stored {dict(stored)}",
         )
     check_progress(result, job_id, total, state, records, terminal=False)
+    check_outputs(world, result, job_id, total, state, records, {}, stages=None)
     check_left_behind(world, result, job_id, removed=False)
 
 

@@ -8,6 +8,10 @@ of the run directory named by `CHAOS_RUN_DIR`, which every process of a run's cl
 A step's outcome is a function of (step, attempt) only, so a step run twice at one attempt ends
 the same way and the harness can tell which outcome the job must have counted.
 
+A step that succeeds returns a `ChaosOutput` (its step id, number and attempt), stored by its
+host with the outcome: the harness checks that the stored outputs are exactly one per succeeded
+step, written by an attempt that ended `ok` (`invariants.check_outputs`).
+
 Pool steps (`PoolChaosStep`, docs/pools.md) run in batches on hosts of one declared GPU each; every
 step of a batch logs its own start and end (with the host's actor name and the batch's id). A
 batch that raised would fail its neighbours too, making a step's outcome depend on its batch, so
@@ -49,6 +53,19 @@ class ChaosItem(BaseModel):
     flaky_attempts: int = 0
 
 
+class ChaosOutput(BaseModel):
+    """A succeeded step's output: which step, and which attempt of it, wrote it."""
+
+    step: str
+    n: int
+    attempt: int
+
+
+def succeeded(item: ChaosItem, context: cr.StepContext) -> cr.StepResult:
+    output = ChaosOutput(step=context.step_id, n=item.n, attempt=context.attempt)
+    return cr.StepResult.succeeded(output=output)
+
+
 def planned_ending(item: ChaosItem, attempt: int) -> str:
     """What attempt `attempt` of the step ends with: `ok`, `fail` or `raise`."""
     if attempt <= item.flaky_attempts:
@@ -86,7 +103,7 @@ def _result(item: ChaosItem, context: cr.StepContext, run: str) -> cr.StepResult
         raise RuntimeError(f"chaos step {item.n} raises at attempt {context.attempt}")
     if ending == "fail":
         return cr.StepResult.failed(f"chaos step {item.n} fails at attempt {context.attempt}")
-    return cr.StepResult.succeeded()
+    return succeeded(item, context)
 
 
 def _stopped(item: ChaosItem, context: cr.StepContext, run: str) -> RuntimeError:
@@ -193,7 +210,7 @@ def _batch_result(item: ChaosItem, context: cr.StepContext, run: str) -> cr.Step
     _event(item, context, "end", run, result=ending)
     if ending == "fail":
         return cr.StepResult.failed(f"chaos step {item.n} fails at attempt {context.attempt}")
-    return cr.StepResult.succeeded()
+    return succeeded(item, context)
 
 
 #: Step types by the name a plan gives them.

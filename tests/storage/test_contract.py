@@ -1105,10 +1105,10 @@ def test_sqlite__a_file_of_an_older_release_gets_the_outputs_table_on_open(
     assert asyncio.run(run()) == [output("j1", "a")]
     with sqlite3.connect(tmp_path / "old.db") as connection:
         indexes = [row[1] for row in connection.execute("PRAGMA index_list(job_outputs)")]
-    assert "job_outputs_job_part" in indexes
+    assert "job_outputs_job_step" in indexes
 
 
-def test_sqlite__a_page_of_one_part_searches_the_part_index(tmp_path: Path) -> None:
+def test_sqlite__a_page_of_one_part_searches_the_primary_key(tmp_path: Path) -> None:
     from choreography_ray.storage.sqlite_outputs import page
 
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
@@ -1124,7 +1124,7 @@ def test_sqlite__a_page_of_one_part_searches_the_part_index(tmp_path: Path) -> N
         plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
 
     assert plan == [
-        "SEARCH job_outputs USING INDEX job_outputs_job_part (job_id=? AND part=? AND step_id>?)"
+        "SEARCH job_outputs USING PRIMARY KEY (job_id=? AND part=? AND step_id>?)"
     ]
 
 
