@@ -1123,9 +1123,7 @@ def test_sqlite__a_page_of_one_part_searches_the_primary_key(tmp_path: Path) -> 
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
 
-    assert plan == [
-        "SEARCH job_outputs USING PRIMARY KEY (job_id=? AND part=? AND step_id>?)"
-    ]
+    assert plan == ["SEARCH job_outputs USING PRIMARY KEY (job_id=? AND part=? AND step_id>?)"]
 
 
 # --- counted steps and manager keys ----------------------------------------------------------
