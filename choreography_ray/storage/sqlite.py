@@ -104,7 +104,7 @@ _JOB_FIELDS = ", ".join(_JOB_COLUMNS)
 _JOB_SELECT = f"SELECT {_JOB_FIELDS} FROM jobs"
 _STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
 _START_SELECT = "SELECT step_id, type, stage, status, attempt, request, job_id FROM job_steps"
-_JOB_NO = "(SELECT job_no FROM job_numbers WHERE job_id = ?)"
+_JOB_NO = outputs_sql.JOB_NO
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 #: `REHYDRATED_JOB` as SQL literals: one range of the (scope, namespace, status) index each.
 _UNSETTLED = ", ".join(f"'{status.value}'" for status in sorted(REHYDRATED_JOB))
@@ -396,15 +396,17 @@ class SqliteStorage:
     async def remove_job_counted(self, job_id: str) -> None:
         def remove(c: sqlite3.Connection) -> None:
             c.execute(f"DELETE FROM job_counted_steps WHERE job_no = {_JOB_NO}", (job_id,))
-            c.execute("DELETE FROM job_numbers WHERE job_id = ?", (job_id,))
+            # Its number too, once its outputs are gone (`remove_job_outputs` likewise).
+            sql = """DELETE FROM job_numbers WHERE job_id = ? AND NOT EXISTS
+                (SELECT 1 FROM job_outputs o WHERE o.job_no = job_numbers.job_no)"""
+            c.execute(sql, (job_id,))
 
         await self._write(remove)
 
     # step outputs (`storage/sqlite_outputs.py`)
     async def put_outputs(self, outputs: Sequence[StoredOutput]) -> None:
         if outputs:
-            rows = outputs_sql.put_rows(outputs)
-            await self._write(lambda c: c.executemany(outputs_sql.PUT, rows))
+            await self._write(lambda c: outputs_sql.put(c, outputs))
 
     async def delete_outputs(self, job_id: str, steps: Sequence[tuple[str, int]]) -> None:
         if steps:
@@ -421,14 +423,18 @@ class SqliteStorage:
         limit: int = 1000,
     ) -> list[StoredOutput]:
         sql, args = outputs_sql.page(job_id, stage, part, after, limit)
-        return [outputs_sql.stored(row) for row in await self._query(sql, *args)]
+        return [outputs_sql.stored(job_id, row) for row in await self._query(sql, *args)]
 
     async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
         sql, args = outputs_sql.count(job_id, stage)
         return int((await self._query(sql, *args))[0][0])
 
     async def remove_job_outputs(self, job_id: str) -> None:
-        await self._execute(outputs_sql.REMOVE_JOB, job_id)
+        def remove(c: sqlite3.Connection) -> None:
+            for sql in outputs_sql.REMOVE_JOB:
+                c.execute(sql, (job_id,))
+
+        await self._write(remove)
 
     # recovery key catalog
     async def add_manager_key(self, key: JobsManagerKey) -> None:
@@ -751,9 +757,7 @@ def _renewal_rows(renewals: Sequence[LeaseRenewal]) -> list[tuple[Any, ...]]:
 def _add_counted(
     connection: sqlite3.Connection, job_id: str, kind: int, step_ids: Collection[str]
 ) -> None:
-    connection.execute("INSERT OR IGNORE INTO job_numbers (job_id) VALUES (?)", (job_id,))
-    sql = "SELECT job_no FROM job_numbers WHERE job_id = ?"
-    (job_no,) = connection.execute(sql, (job_id,)).fetchone()
+    job_no = outputs_sql.job_no(connection, job_id)
     sql = "INSERT OR IGNORE INTO job_counted_steps (job_no, kind, step_id) VALUES (?, ?, ?)"
     connection.executemany(sql, zip(repeat(job_no), repeat(kind), step_ids))
 

@@ -29,11 +29,13 @@ Layout (JSON columns hold pydantic's JSON of the field)::
     job_counted_steps   WITHOUT ROWID. PRIMARY KEY (job_no, kind, step_id), kind 0 = completed,
                         1 = stopped: about 10 bytes plus the step id per record (22 for a
                         12-character id), and one B-tree insert per record whatever the job's
-                        size. `remove_job_counted` also deletes the job's job_numbers row.
-    job_outputs         WITHOUT ROWID. PRIMARY KEY (job_id, part, step_id), part being the
+                        size. `remove_job_counted` and `remove_job_outputs` delete the job's
+                        job_numbers row once neither table has rows of it.
+    job_outputs         WITHOUT ROWID. PRIMARY KEY (job_no, part, step_id) (job_no: the job's
+                        `job_numbers` row, as for the counted steps), part being the
                         `output_part` of the step id, so a part's rows are stored together (a
                         Dataset's read task reads a part: sequential pages); stage, attempt,
-                        output (the JSON text as the step host wrote it). Index (job_id,
+                        output (the JSON text as the step host wrote it). Index (job_no,
                         step_id): the pages by step id. `remove_job_outputs` deletes the
                         job's rows (`sqlite_outputs.py` has the statements).
     jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
@@ -92,9 +94,9 @@ CREATE TABLE IF NOT EXISTS job_counted_steps (
     job_no INTEGER NOT NULL, kind INTEGER NOT NULL, step_id TEXT NOT NULL,
     PRIMARY KEY (job_no, kind, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_outputs (
-    job_id TEXT NOT NULL, step_id TEXT NOT NULL, stage INTEGER NOT NULL,
-    attempt INTEGER NOT NULL, part INTEGER NOT NULL, output TEXT NOT NULL,
-    PRIMARY KEY (job_id, part, step_id)) WITHOUT ROWID;
+    job_no INTEGER NOT NULL, part INTEGER NOT NULL, step_id TEXT NOT NULL,
+    stage INTEGER NOT NULL, attempt INTEGER NOT NULL, output TEXT NOT NULL,
+    PRIMARY KEY (job_no, part, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS jobs_manager_keys (
     scope TEXT NOT NULL, namespace TEXT NOT NULL, PRIMARY KEY (scope, namespace)) WITHOUT ROWID;
 """
@@ -107,7 +109,7 @@ CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_signature ON job_steps (job_id, failure_signature)
     WHERE failure_signature IS NOT NULL;
-CREATE INDEX IF NOT EXISTS job_outputs_job_step ON job_outputs (job_id, step_id);
+CREATE INDEX IF NOT EXISTS job_outputs_job_step ON job_outputs (job_no, step_id);
 """
 #: The columns a file of an older release may lack, with what they read as on its rows: the
 #: field's default in `JobState` / `StepState` (a record without a version is version 1).

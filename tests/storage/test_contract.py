@@ -1108,6 +1108,36 @@ def test_sqlite__a_file_of_an_older_release_gets_the_outputs_table_on_open(
     assert "job_outputs_job_step" in indexes
 
 
+@pytest.mark.parametrize("outputs_first", [True, False])
+def test_sqlite__a_jobs_number_goes_with_the_last_of_its_counted_steps_and_outputs(
+    tmp_path: Path, outputs_first: bool
+) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    async def run() -> tuple[list[StoredOutput], list[str]]:
+        storage = SqliteStorage(url)
+        try:
+            await storage.add_counted("j1", CountedKind.COMPLETED, ["a"])
+            await storage.put_outputs([output("j1", "b")])
+            first, second = storage.remove_job_counted, storage.remove_job_outputs
+            if outputs_first:
+                first, second = second, first
+            await first("j1")
+            assert await storage.list_outputs("j1") == (
+                [] if outputs_first else [output("j1", "b")]
+            )
+            await second("j1")
+            return await storage.list_outputs("j1"), await storage.list_counted(
+                "j1", CountedKind.COMPLETED
+            )
+        finally:
+            await storage.close()
+
+    assert asyncio.run(run()) == ([], [])
+    with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        assert connection.execute("SELECT COUNT(*) FROM job_numbers").fetchone() == (0,)
+
+
 def test_sqlite__a_page_of_one_part_searches_the_primary_key(tmp_path: Path) -> None:
     from choreography_ray.storage.sqlite_outputs import page
 
@@ -1123,7 +1153,11 @@ def test_sqlite__a_page_of_one_part_searches_the_primary_key(tmp_path: Path) -> 
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
 
-    assert plan == ["SEARCH job_outputs USING PRIMARY KEY (job_id=? AND part=? AND step_id>?)"]
+    assert plan[0] == "SEARCH job_outputs USING PRIMARY KEY (job_no=? AND part=? AND step_id>?)"
+    assert plan[1:] == [
+        "SCALAR SUBQUERY 1",
+        "SEARCH job_numbers USING COVERING INDEX sqlite_autoindex_job_numbers_1 (job_id=?)",
+    ]
 
 
 # --- counted steps and manager keys ----------------------------------------------------------
