@@ -1,12 +1,14 @@
 """A job's outputs as a Ray Dataset (`jobs.outputs_dataset`): a datasource whose read tasks
-each stream some of the job's `OUTPUT_PARTS` parts straight from storage, a block per page, so
-no process holds every output (docs/outputs.md). Imported only when a Dataset is asked for:
-it loads Ray Data.
+each stream a range of the job's step ids straight from storage, a block per page, so no process
+holds every output (docs/outputs.md). Imported only when a Dataset is asked for: it loads Ray
+Data.
 
-A block is built column by column: the outputs' JSON texts are parsed by Arrow's own JSON
-reader into one struct column, never into Python objects. There is a read task per
-`ROWS_PER_TASK` outputs (counted when the Dataset is planned), at most one per part and at most
-the parallelism Ray Data asks for.
+When the Dataset is planned, storage is asked for the first and last step ids with an output
+(`output_span`: two look-ups, whatever the job's size): there is a read task per `ROWS_PER_TASK`
+ids between, at most `MAX_TASKS` and the parallelism Ray Data asks for, each an equal range.
+Step ids are the plan's positions, zero-padded to one width per job, so the ranges are even;
+ids of another form are read by one task. A block is built column by column: the outputs' JSON texts
+are parsed by Arrow's own JSON reader into one struct column, never into Python objects.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from choreography_ray.storage import OUTPUT_PARTS, Storage, StoredOutput, open_storage, output_pages
+from choreography_ray.storage import Storage, StoredOutput, open_storage, output_pages
 
 #: Outputs per block (one query each).
 PAGE = 10_000
-#: Outputs a read task reads at least (fewer tasks for a smaller job: each costs a process
+#: Step ids a read task covers at least (fewer tasks for a smaller job: each costs a process
 #: turn and a storage connection).
 ROWS_PER_TASK = 50_000
+#: Read tasks at most.
+MAX_TASKS = 64
 
 _T = TypeVar("_T")
 
@@ -61,22 +65,34 @@ class _OutputsSource(Datasource):
 
     def get_read_tasks(self, parallelism: int, *args: Any, **kwargs: Any) -> list[Any]:
         storage_url, namespace, job_id, stage = self._where
-        count = _run(_count(_reading(storage_url, namespace), job_id, stage))
-        tasks = max(1, min(parallelism, OUTPUT_PARTS, math.ceil(count / ROWS_PER_TASK)))
+        span = _run(_span(_reading(storage_url, namespace), job_id, stage))
+        numeric = span is not None and all(end.isdigit() for end in span)
+        ids = int(span[1]) - int(span[0]) + 1 if span is not None and numeric else 0
+        tasks = max(1, min(parallelism, MAX_TASKS, math.ceil(ids / ROWS_PER_TASK)))
         return [
             ReadTask(
-                functools.partial(
-                    _read_parts, *self._where, list(range(first, OUTPUT_PARTS, tasks))
-                ),
+                functools.partial(_read_range, *self._where, after, until),
                 BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None),
             )
-            for first in range(tasks)
+            for after, until in ranges(span, tasks)
         ]
 
 
-async def _count(storage: Storage, job_id: str, stage: int | None) -> int:
+def ranges(span: tuple[str, str] | None, tasks: int) -> list[tuple[str | None, str | None]]:
+    """(after, until] bounds of step ids splitting `span` (the first and last ids) in `tasks`
+    equal shares: ids of digits of one width (a plan's), else one range of everything."""
+    if span is None or not all(end.isdigit() and len(end) == len(span[0]) for end in span):
+        return [(None, None)]
+    first, last = span
+    low, high, width = int(first), int(last), len(first)
+    cuts = sorted({low + (high - low + 1) * i // tasks for i in range(1, tasks)} - {low})
+    ids = [str(cut - 1).zfill(width) for cut in cuts]
+    return list(zip([None, *ids], [*ids, None], strict=True))
+
+
+async def _span(storage: Storage, job_id: str, stage: int | None) -> tuple[str, str] | None:
     try:
-        return await storage.count_outputs(job_id, stage)
+        return await storage.output_span(job_id, stage)
     finally:
         await storage.close()
 
@@ -87,21 +103,25 @@ def _run(work: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, work).result()
 
 
-def _read_parts(
-    storage_url: str, namespace: str, job_id: str, stage: int | None, parts: list[int]
+def _read_range(
+    storage_url: str,
+    namespace: str,
+    job_id: str,
+    stage: int | None,
+    after: str | None,
+    until: str | None,
 ) -> Iterator[pyarrow.Table]:
-    """A read task: the parts' outputs, a block per page, straight from storage."""
+    """A read task: the outputs of a range of step ids, a block per page, from storage."""
     loop = asyncio.new_event_loop()
     storage = _reading(storage_url, namespace)
+    pages = output_pages(storage, job_id, stage=stage, after=after, until=until, page=PAGE)
     try:
-        for part in parts:
-            pages = output_pages(storage, job_id, stage=stage, part=part, page=PAGE)
-            while True:
-                try:
-                    found = loop.run_until_complete(anext(pages))
-                except StopAsyncIteration:
-                    break
-                yield _block(found)
+        while True:
+            try:
+                found = loop.run_until_complete(anext(pages))
+            except StopAsyncIteration:
+                break
+            yield _block(found)
     finally:
         loop.run_until_complete(storage.close())
         loop.close()

@@ -533,7 +533,11 @@ class _DriverPeak:
         self.before = self.peak = 0
 
     def _rss(self) -> int:
-        return int(self._process.memory_info().rss)
+        # Private memory: RSS less its shared pages, which include the object store's mapping
+        # (every block the driver reads is mapped from it, and stays counted in RSS after Ray
+        # frees it).
+        info = self._process.memory_info()
+        return int(info.rss - getattr(info, "shared", 0))
 
     def _run(self) -> None:
         while not self._stopped.wait(DRIVER_SAMPLE_SECONDS):

@@ -6,11 +6,11 @@ so a step reports only what storage already holds. A round that fails fails ever
 
 Rounds are written one at a time, in the order they began: a write that joined a later round
 lands after every write of the earlier ones. Within a round, updates are written first, then
-outputs, then deletes; an update of a record the same round
-deletes is left out (the record ends deleted either way): a step that succeeds before its
-`RUNNING` write is flushed writes only its output and its delete. A succeeded step's output is
-stored before its record is deleted, so a step whose record is gone has its output. Two updates
-of one record in a round are written in the order they joined.
+deletes, each job's in one write with the outputs of its succeeded steps (stored first:
+`Storage.delete_steps`), so a step whose record is gone has its output. An update of a record
+the same round deletes is left out (the record ends deleted either way): a step that succeeds
+before its `RUNNING` write is flushed writes only its output and its delete. Two updates of one
+record in a round are written in the order they joined.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class GroupCommit:
         self._metrics = metrics
         self._updates: list[StepUpdate] = []
         self._deletes: defaultdict[str, set[str]] = defaultdict(set)
-        self._outputs: list[StoredOutput] = []
+        #: Per job, the outputs of its succeeded steps: written with their deletes.
+        self._outputs: defaultdict[str, list[StoredOutput]] = defaultdict(list)
         #: The round's records by the metric labels of the writers that brought them.
         self._sizes: Counter[Labels] = Counter()
         self._round: asyncio.Future[None] | None = None
@@ -69,7 +70,8 @@ class GroupCommit:
         """Joins the current round now; the future (shielded: cancelling a waiter leaves the
         round alone) resolves once the round is durable."""
         self._updates.extend(updates)
-        self._outputs.extend(outputs)
+        for output in outputs:
+            self._outputs[output.job_id].append(output)
         records = len(updates) + len(outputs)
         for job_id, step_id in deletes:
             self._deletes[job_id].add(step_id)
@@ -101,7 +103,7 @@ class GroupCommit:
         round_, updates, deletes, sizes = self._round, self._updates, self._deletes, self._sizes
         outputs = self._outputs
         self._round, self._updates, self._deletes = None, [], defaultdict(set)
-        self._outputs, self._sizes = [], Counter()
+        self._outputs, self._sizes = defaultdict(list), Counter()
         assert round_ is not None
         try:
             began = time.perf_counter()
@@ -109,10 +111,10 @@ class GroupCommit:
                 u for u in updates if u.step_id not in deletes.get(u.job_id, ())
             ):
                 await self._storage.update_steps(batch)
-            if outputs:
-                await self._storage.put_outputs(outputs)
             for job_id, step_ids in deletes.items():
-                await self._storage.delete_steps(job_id, step_ids)
+                await self._storage.delete_steps(job_id, step_ids, outputs.pop(job_id, ()))
+            for of_job in outputs.values():  # none: an output comes with its step's delete
+                await self._storage.put_outputs(of_job)
             self._observe(sizes, time.perf_counter() - began)
         except Exception as error:
             round_.set_exception(error)

@@ -30,10 +30,9 @@ Stored layout (MongoDB collections; SQLite tables of the same names):
                         StoppedStepsCounted). Key: (job, kind, step_id). Writing one costs the
                         same at 10 and at 1,000,000 records of a job.
     job_outputs         one record per succeeded step that returned an output. Key:
-                        "{job_id}/{step_id}". Fields: job_id, step_id, stage, attempt, part,
-                        output (its JSON text). Indexes: (job_id, step_id): the pages of
-                        `list_outputs`; (job_id, part, step_id): a Dataset's read tasks, one
-                        part each (`OUTPUT_PARTS`).
+                        "{job_id}/{step_id}". Fields: job_id, step_id, stage, attempt, output
+                        (its JSON text). Index (job_id, step_id): the pages of `list_outputs`,
+                        a Dataset's read tasks each reading a range of step ids.
     jobs_manager_keys   the recovery key catalog: every (scope, namespace) a manager served.
 
 Each provider's docstring says how it lays these out.
@@ -43,7 +42,6 @@ from __future__ import annotations
 
 import enum
 import json
-import zlib
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -120,16 +118,6 @@ def ended_without_output(updates: Sequence[StepUpdate]) -> dict[str, list[tuple[
         if u.status in WITHOUT_OUTPUT:
             ended.setdefault(u.job_id, []).append((u.step_id, u.attempt))
     return ended
-
-
-#: Parts a job's outputs are spread over (by a hash of the step id), so a Dataset reads them in
-#: that many independent, indexed streams.
-OUTPUT_PARTS = 64
-
-
-def output_part(step_id: str) -> int:
-    """The part of a step's output: stable across processes and versions (CRC-32)."""
-    return zlib.crc32(step_id.encode()) % OUTPUT_PARTS
 
 
 class LeaseRenewal(NamedTuple):
@@ -364,7 +352,12 @@ class Storage(Protocol):
         outcome is stored, that runs again at another attempt, or that is gone is left as it
         is: a renewal racing an outcome write never turns the outcome back into RUNNING."""
 
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None: ...
+    async def delete_steps(
+        self, job_id: str, step_ids: Collection[str], outputs: Sequence[StoredOutput] = ()
+    ) -> None:
+        """Deletes the steps' records; `outputs` (the job's, of succeeded steps among them) are
+        stored first, in the same write where the provider can (`put_outputs`' rules): the
+        group commit's write of succeeded steps."""
 
     async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
         """Whether a step of the job's `stage` is stored in one of `statuses`: indexed look-ups
@@ -405,16 +398,20 @@ class Storage(Protocol):
         job_id: str,
         *,
         stage: int | None = None,
-        part: int | None = None,
         after: str | None = None,
+        until: str | None = None,
         limit: int = 1000,
     ) -> list[StoredOutput]:
-        """A page of the job's outputs ordered by step id, those after `after`; of one stage
-        and of one part (`output_part`) when given. Read along the (job_id, step_id) index, or
-        the (job_id, part, step_id) one for a part: its cost follows the page, not the job."""
+        """A page of the job's outputs ordered by step id, those after `after` and up to
+        `until` (both by string order); of one stage when given. Read along the (job_id,
+        step_id) key: its cost follows the page, not the job."""
 
     async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
         """How many outputs the job has stored (of one stage when given)."""
+
+    async def output_span(self, job_id: str, stage: int | None = None) -> tuple[str, str] | None:
+        """The first and last step ids with an output (of one stage), None when there is none:
+        two look-ups at the ends of the key, whatever the job's size."""
 
     async def remove_job_outputs(self, job_id: str) -> None: ...
 
@@ -438,13 +435,16 @@ async def output_pages(
     job_id: str,
     *,
     stage: int | None = None,
-    part: int | None = None,
+    after: str | None = None,
+    until: str | None = None,
     page: int = 1000,
 ) -> AsyncIterator[list[StoredOutput]]:
-    """Every output of a job (of one stage, of one part), a page at a time, by step id."""
-    after: str | None = None
+    """Every output of a job (of one stage, in a range of step ids), a page at a time, by step
+    id."""
     while True:
-        found = await storage.list_outputs(job_id, stage=stage, part=part, after=after, limit=page)
+        found = await storage.list_outputs(
+            job_id, stage=stage, after=after, until=until, limit=page
+        )
         if found:
             yield found
         if len(found) < page:
@@ -515,7 +515,6 @@ def redact_url(url: str) -> str:
 
 
 __all__ = [
-    "OUTPUT_PARTS",
     "CountedKind",
     "JobCounts",
     "JobCursor",
@@ -532,7 +531,6 @@ __all__ = [
     "ended_without_output",
     "open_storage",
     "output_pages",
-    "output_part",
     "planned_records",
     "redact_url",
     "starts_of",

@@ -37,7 +37,6 @@ from choreography_ray.storage import (
     StoredStart,
     as_utc,
     ended_without_output,
-    output_part,
     planned_records,
     starts_of,
 )
@@ -288,7 +287,10 @@ class MemoryStorage:
             renewed += 1
         return renewed
 
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+    async def delete_steps(
+        self, job_id: str, step_ids: Collection[str], outputs: Sequence[StoredOutput] = ()
+    ) -> None:
+        await self.put_outputs(outputs)
         steps = self.steps.get(job_id, {})
         for step_id in step_ids:
             steps.pop(step_id, None)
@@ -351,8 +353,8 @@ class MemoryStorage:
         job_id: str,
         *,
         stage: int | None = None,
-        part: int | None = None,
         after: str | None = None,
+        until: str | None = None,
         limit: int = 1000,
     ) -> list[StoredOutput]:
         stored = self.outputs.get(job_id, {})
@@ -360,14 +362,19 @@ class MemoryStorage:
             step_id
             for step_id, o in stored.items()
             if (after is None or step_id > after)
+            and (until is None or step_id <= until)
             and (stage is None or o.stage == stage)
-            and (part is None or output_part(step_id) == part)
         )
         return [stored[step_id] for step_id in ids[:limit]]
 
     async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
         stored = self.outputs.get(job_id, {}).values()
         return sum(1 for o in stored if stage is None or o.stage == stage)
+
+    async def output_span(self, job_id: str, stage: int | None = None) -> tuple[str, str] | None:
+        stored = self.outputs.get(job_id, {}).values()
+        ids = [o.step_id for o in stored if stage is None or o.stage == stage]
+        return (min(ids), max(ids)) if ids else None
 
     async def remove_job_outputs(self, job_id: str) -> None:
         self.outputs.pop(job_id, None)

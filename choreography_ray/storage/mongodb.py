@@ -520,10 +520,19 @@ class MongoStorage:
         result = await self._run(lambda db: db.job_steps.bulk_write(writes, ordered=False))
         return result.matched_count
 
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+    async def delete_steps(
+        self, job_id: str, step_ids: Collection[str], outputs: Sequence[StoredOutput] = ()
+    ) -> None:
         deletes = _deletes([step_key(job_id, step_id) for step_id in step_ids])
-        if deletes:
-            await self._run(lambda db: db.job_steps.bulk_write(deletes, ordered=False))
+
+        def write(db: Database[Doc]) -> None:
+            if outputs:  # first: a step whose record is gone has its output
+                output_docs.put(db, outputs)
+            if deletes:
+                db.job_steps.bulk_write(deletes, ordered=False)
+
+        if deletes or outputs:
+            await self._run(write)
 
     async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
         wanted = sorted({StepStatus(status).value for status in statuses})
@@ -593,14 +602,17 @@ class MongoStorage:
         job_id: str,
         *,
         stage: int | None = None,
-        part: int | None = None,
         after: str | None = None,
+        until: str | None = None,
         limit: int = 1000,
     ) -> list[StoredOutput]:
-        return await self._run(lambda db: output_docs.page(db, job_id, stage, part, after, limit))
+        return await self._run(lambda db: output_docs.page(db, job_id, stage, after, until, limit))
 
     async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
         return await self._run(lambda db: output_docs.count(db, job_id, stage, self.read_only))
+
+    async def output_span(self, job_id: str, stage: int | None = None) -> tuple[str, str] | None:
+        return await self._run(lambda db: output_docs.span(db, job_id, stage))
 
     async def remove_job_outputs(self, job_id: str) -> None:
         query = output_docs.query(job_id)

@@ -1,8 +1,8 @@
 """The MongoDB provider's step outputs: the `job_outputs` collection (`storage/mongodb.py` is
 the provider; its indexes are laid out with the others', `mongodb_records.INDEXES`).
 
-A document: `_id` "{job_id}/{step_id}"; job_id, step_id, stage, attempt, part (`output_part`
-of the step id) and output, the JSON text as the step host wrote it (a string: both servers
+A document: `_id` "{job_id}/{step_id}"; job_id, step_id, stage, attempt and output, the JSON
+text as the step host wrote it (a string: both servers
 store it exactly).
 
 `put` is one unordered `bulk_write` of upserts filtered on `_id` and `attempt $lte` the new one:
@@ -26,7 +26,7 @@ from pymongo.database import Database
 
 from choreography_ray.errors import CorruptRecordError
 from choreography_ray.model import step_key
-from choreography_ray.storage import StoredOutput, chunks, output_part
+from choreography_ray.storage import StoredOutput, chunks
 from choreography_ray.storage import mongodb_records as records
 from choreography_ray.storage.mongodb_records import IDS_PER_WRITE, Doc
 
@@ -53,7 +53,7 @@ def put(db: Database[Doc], outputs: Sequence[StoredOutput]) -> None:
 
 def _upsert(key: str, o: StoredOutput) -> UpdateOne:
     fields = {"job_id": o.job_id, "step_id": o.step_id, "stage": o.stage, "attempt": o.attempt,
-              "part": output_part(o.step_id), "output": o.output}  # fmt: skip
+              "output": o.output}  # fmt: skip
     return UpdateOne({"_id": key, "attempt": {"$lte": o.attempt}}, {"$set": fields}, upsert=True)
 
 
@@ -97,11 +97,9 @@ def delete_ended(db: Database[Doc], ended: Mapping[str, Sequence[tuple[str, int]
         delete(db, job_id, [s for s, key in zip(steps, keys, strict=True) if key in existing])
 
 
-def query(job_id: str, stage: int | None = None, part: int | None = None) -> Doc:
+def query(job_id: str, stage: int | None = None) -> Doc:
     """Plain equalities (`records.equal`), which an index serves on both servers."""
     fields: dict[str, Any] = {"job_id": job_id}
-    if part is not None:
-        fields["part"] = part
     if stage is not None:
         fields["stage"] = stage
     return records.equal(**fields)
@@ -120,14 +118,27 @@ def page(
     db: Database[Doc],
     job_id: str,
     stage: int | None,
-    part: int | None,
     after: str | None,
+    until: str | None,
     limit: int,
 ) -> list[StoredOutput]:
-    where = query(job_id, stage, part)
-    if after is not None:
-        where["step_id"] = {"$gt": after}
+    where = query(job_id, stage)
+    bounds = {op: value for op, value in (("$gt", after), ("$lte", until)) if value is not None}
+    if bounds:
+        where["step_id"] = bounds
     return [stored(doc) for doc in db[COLLECTION].find(where).sort("step_id").limit(limit)]
+
+
+def span(db: Database[Doc], job_id: str, stage: int | None) -> tuple[str, str] | None:
+    """The first and last step ids with an output: one look-up at each end of the index."""
+    where = query(job_id, stage)
+    ends = [
+        db[COLLECTION].find_one(where, {"step_id": 1}, sort=[("step_id", order)])
+        for order in (1, -1)
+    ]
+    if ends[0] is None or ends[1] is None:
+        return None
+    return _field(ends[0], "step_id", str), _field(ends[1], "step_id", str)
 
 
 def stored(doc: Mapping[str, Any]) -> StoredOutput:

@@ -21,9 +21,9 @@ In the URL's database, else `choreography` (fields as in `choreography_ray.stora
                         dropped where found.
     job_counted_steps   `_id` "{job_id}/{kind}/{step_id}"; job_id, kind, step_id. Index (job_id,
                         kind, step_id): list, count and remove-all are queries; an add is inserts.
-    job_outputs         `_id` "{job_id}/{step_id}"; job_id, step_id, stage, attempt, part, output
-                        (JSON text). Indexes (job_id, step_id): `list_outputs`' pages; (job_id,
-                        part, step_id): one part's. Written and read by `mongodb_outputs.py`;
+    job_outputs         `_id` "{job_id}/{step_id}"; job_id, step_id, stage, attempt, output
+                        (JSON text). Index (job_id, step_id): `list_outputs`' pages and ranges,
+                        `output_span`'s ends. Written and read by `mongodb_outputs.py`;
                         `remove_job_outputs` is a query.
     jobs_manager_keys   `_id` '["{scope}", "{namespace}"]', a JSON pair no separator can break.
 """
@@ -79,7 +79,7 @@ INDEXES = {
         "job_id failure_signature step_id",
     ],
     "job_counted_steps": ["job_id kind step_id"],
-    "job_outputs": ["job_id step_id", "job_id part step_id"],
+    "job_outputs": ["job_id step_id"],
 }
 #: Indexes of earlier releases that one above replaces: dropped where found, so that writes do
 #: not keep both up to date.

@@ -354,10 +354,18 @@ class SqliteStorage:
         await self._write(lambda c: renewed.append(c.executemany(_RENEW_LEASE, rows).rowcount))
         return sum(renewed)
 
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
-        if step_ids:
-            ids = json.dumps(list(step_ids), ensure_ascii=False, check_circular=False)
-            await self._write(lambda c: c.execute(_DELETE_STEPS, (job_id, ids)))
+    async def delete_steps(
+        self, job_id: str, step_ids: Collection[str], outputs: Sequence[StoredOutput] = ()
+    ) -> None:
+        ids = json.dumps(list(step_ids), ensure_ascii=False, check_circular=False)
+
+        def write(c: sqlite3.Connection) -> None:
+            outputs_sql.put(c, outputs)
+            if step_ids:
+                c.execute(_DELETE_STEPS, (job_id, ids))
+
+        if step_ids or outputs:
+            await self._write(write)
 
     async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
         query = _any_step(job_id, stage, statuses, named=not self.read_only)
@@ -418,16 +426,21 @@ class SqliteStorage:
         job_id: str,
         *,
         stage: int | None = None,
-        part: int | None = None,
         after: str | None = None,
+        until: str | None = None,
         limit: int = 1000,
     ) -> list[StoredOutput]:
-        sql, args = outputs_sql.page(job_id, stage, part, after, limit)
+        sql, args = outputs_sql.page(job_id, stage, after, until, limit)
         return [outputs_sql.stored(job_id, row) for row in await self._query(sql, *args)]
 
     async def count_outputs(self, job_id: str, stage: int | None = None) -> int:
         sql, args = outputs_sql.count(job_id, stage)
         return int((await self._query(sql, *args))[0][0])
+
+    async def output_span(self, job_id: str, stage: int | None = None) -> tuple[str, str] | None:
+        sql, args = outputs_sql.span(job_id, stage)
+        first, last = (await self._query(sql, *args))[0]
+        return None if first is None else (first, last)
 
     async def remove_job_outputs(self, job_id: str) -> None:
         def remove(c: sqlite3.Connection) -> None:

@@ -31,13 +31,12 @@ Layout (JSON columns hold pydantic's JSON of the field)::
                         12-character id), and one B-tree insert per record whatever the job's
                         size. `remove_job_counted` and `remove_job_outputs` delete the job's
                         job_numbers row once neither table has rows of it.
-    job_outputs         WITHOUT ROWID. PRIMARY KEY (job_no, part, step_id) (job_no: the job's
-                        `job_numbers` row, as for the counted steps), part being the
-                        `output_part` of the step id, so a part's rows are stored together (a
-                        Dataset's read task reads a part: sequential pages); stage, attempt,
-                        output (the JSON text as the step host wrote it). Index (job_no,
-                        step_id): the pages by step id. `remove_job_outputs` deletes the
-                        job's rows (`sqlite_outputs.py` has the statements).
+    job_outputs         WITHOUT ROWID. PRIMARY KEY (job_no, step_id) (job_no: the job's
+                        `job_numbers` row, as for the counted steps); stage, attempt, output
+                        (the JSON text as the step host wrote it). Rows are stored in step-id
+                        order: a page, or a Dataset read task's range, is read in sequence.
+                        `remove_job_outputs` deletes the job's rows (`sqlite_outputs.py` has
+                        the statements).
     jobs_manager_keys   WITHOUT ROWID. PRIMARY KEY (scope, namespace).
 
 Opening a file creates what is missing, in one transaction: the tables (a file of a release before
@@ -94,9 +93,9 @@ CREATE TABLE IF NOT EXISTS job_counted_steps (
     job_no INTEGER NOT NULL, kind INTEGER NOT NULL, step_id TEXT NOT NULL,
     PRIMARY KEY (job_no, kind, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_outputs (
-    job_no INTEGER NOT NULL, part INTEGER NOT NULL, step_id TEXT NOT NULL,
-    stage INTEGER NOT NULL, attempt INTEGER NOT NULL, output TEXT NOT NULL,
-    PRIMARY KEY (job_no, part, step_id)) WITHOUT ROWID;
+    job_no INTEGER NOT NULL, step_id TEXT NOT NULL, stage INTEGER NOT NULL,
+    attempt INTEGER NOT NULL, output TEXT NOT NULL,
+    PRIMARY KEY (job_no, step_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS jobs_manager_keys (
     scope TEXT NOT NULL, namespace TEXT NOT NULL, PRIMARY KEY (scope, namespace)) WITHOUT ROWID;
 """
@@ -109,7 +108,6 @@ CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_signature ON job_steps (job_id, failure_signature)
     WHERE failure_signature IS NOT NULL;
-CREATE INDEX IF NOT EXISTS job_outputs_job_step ON job_outputs (job_no, step_id);
 """
 #: The columns a file of an older release may lack, with what they read as on its rows: the
 #: field's default in `JobState` / `StepState` (a record without a version is version 1).

@@ -16,6 +16,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,6 @@ from choreography_ray.model import (
 )
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage import (
-    OUTPUT_PARTS,
     CountedKind,
     JobCounts,
     JobCursor,
@@ -51,7 +51,6 @@ from choreography_ray.storage import (
     StoredOutput,
     StoredStart,
     open_storage,
-    output_part,
     redact_url,
 )
 from choreography_ray.storage.memory import MemoryStorage
@@ -947,25 +946,33 @@ async def test_list_outputs__pages_by_after_and_limit_in_step_id_order(storage: 
     assert await storage.list_outputs("j1", after="s024") == []
 
 
-async def test_list_outputs__filters_by_stage_and_part_while_paging(storage: Storage) -> None:
-    ids = [f"s{i:03d}" for i in range(300)]
+async def test_list_outputs__filters_by_stage_and_a_range_of_step_ids_while_paging(
+    storage: Storage,
+) -> None:
+    ids = [f"s{i:03d}" for i in range(30)]
     await storage.put_outputs([output("j1", s, stage=i % 2) for i, s in enumerate(ids)])
-    # The part most of the ids share, so that its pages are several.
-    part = max(range(OUTPUT_PARTS), key=lambda p: sum(output_part(s) == p for s in ids))
 
-    async def found(**filters: int) -> list[str]:
-        step_ids, after = [], None
+    async def found(**filters: Any) -> list[str]:
+        step_ids, after = [], filters.pop("after", None)
         while page := await storage.list_outputs("j1", after=after, limit=3, **filters):
             step_ids += [o.step_id for o in page]
             after = page[-1].step_id
         return step_ids
 
-    in_part = [s for s in ids if output_part(s) == part]
-    assert len(in_part) > 3
     assert await found(stage=1) == ids[1::2]
-    assert await found(part=part) == in_part
-    assert await found(part=part, stage=0) == [s for s in in_part if int(s[1:]) % 2 == 0]
+    assert await found(after="s009", until="s019") == ids[10:20]
+    assert await found(until="s004", stage=0) == ["s000", "s002", "s004"]
     assert await found(stage=2) == []
+
+
+async def test_output_span__the_first_and_last_step_ids_with_an_output(storage: Storage) -> None:
+    await storage.put_outputs([output("j1", f"s{i:03d}", stage=i % 3) for i in range(3, 30)])
+    await storage.put_outputs([output("j2", "s000")])
+
+    assert await storage.output_span("j1") == ("s003", "s029")
+    assert await storage.output_span("j1", stage=1) == ("s004", "s028")
+    assert await storage.output_span("j1", stage=5) is None
+    assert await storage.output_span("missing") is None
 
 
 async def test_put_outputs__the_same_output_written_twice_is_one_record(storage: Storage) -> None:
@@ -1046,6 +1053,18 @@ async def test_update_steps__a_stop_of_a_step_that_succeeded_leaves_its_output(
     assert [o.step_id for o in await storage.list_outputs("j1")] == ["done"]
 
 
+async def test_delete_steps__stores_the_outputs_it_is_given_and_deletes_the_steps(
+    storage: Storage,
+) -> None:
+    await storage.insert_steps([step("j1", s) for s in ("a", "b", "c")])
+
+    await storage.delete_steps("j1", ["a", "b"], [output("j1", "a"), output("j1", "b")])
+    await storage.delete_steps("j1", [], [])
+
+    assert [s.step_id for s in await storage.list_steps("j1")] == ["c"]
+    assert [o.step_id for o in await storage.list_outputs("j1")] == ["a", "b"]
+
+
 async def test_count_outputs__of_the_job_and_of_a_stage_not_of_other_jobs(
     storage: Storage,
 ) -> None:
@@ -1103,9 +1122,6 @@ def test_sqlite__a_file_of_an_older_release_gets_the_outputs_table_on_open(
             await storage.close()
 
     assert asyncio.run(run()) == [output("j1", "a")]
-    with sqlite3.connect(tmp_path / "old.db") as connection:
-        indexes = [row[1] for row in connection.execute("PRAGMA index_list(job_outputs)")]
-    assert "job_outputs_job_step" in indexes
 
 
 @pytest.mark.parametrize("outputs_first", [True, False])
@@ -1138,7 +1154,7 @@ def test_sqlite__a_jobs_number_goes_with_the_last_of_its_counted_steps_and_outpu
         assert connection.execute("SELECT COUNT(*) FROM job_numbers").fetchone() == (0,)
 
 
-def test_sqlite__a_page_of_one_part_searches_the_primary_key(tmp_path: Path) -> None:
+def test_sqlite__a_range_of_step_ids_searches_the_primary_key(tmp_path: Path) -> None:
     from choreography_ray.storage.sqlite_outputs import page
 
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
@@ -1149,15 +1165,11 @@ def test_sqlite__a_page_of_one_part_searches_the_primary_key(tmp_path: Path) -> 
         await storage.close()
 
     asyncio.run(lay_out())
-    sql, args = page("j1", None, 5, "s-00050", 25)
+    sql, args = page("j1", None, "s-00050", "s-00075", 25)
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
 
-    assert plan[0] == "SEARCH job_outputs USING PRIMARY KEY (job_no=? AND part=? AND step_id>?)"
-    assert plan[1:] == [
-        "SCALAR SUBQUERY 1",
-        "SEARCH job_numbers USING COVERING INDEX sqlite_autoindex_job_numbers_1 (job_id=?)",
-    ]
+    assert plan[0] == "SEARCH job_outputs USING PRIMARY KEY (job_no=? AND step_id>? AND step_id<?)"
 
 
 # --- counted steps and manager keys ----------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from choreography_ray.runtime.group_commit import GroupCommit
 from choreography_ray.status import StepStatus
-from choreography_ray.storage import PlannedStep, StepUpdate
+from choreography_ray.storage import PlannedStep, StepUpdate, StoredOutput
 from choreography_ray.storage.memory import MemoryStorage
 
 pytestmark = pytest.mark.timeout(30)
@@ -30,10 +30,12 @@ class CountingStorage(MemoryStorage):
         self.updated.append([u.step_id for u in updates])
         await super().update_steps(updates)
 
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+    async def delete_steps(
+        self, job_id: str, step_ids: Collection[str], outputs: Sequence[StoredOutput] = ()
+    ) -> None:
         self._maybe_refuse()
         self.deleted.append(sorted(step_ids))
-        await super().delete_steps(job_id, step_ids)
+        await super().delete_steps(job_id, step_ids, outputs)
 
     def _maybe_refuse(self) -> None:
         if self.refuse:
@@ -78,6 +80,20 @@ def test_a_round__leaves_out_the_update_of_a_record_it_deletes() -> None:
         assert storage.updated == [["b"]]
         assert storage.deleted == [["a"]]
         assert set(storage.steps["j"]) == {"b"}
+
+    asyncio.run(scenario())
+
+
+def test_a_round__writes_a_succeeded_steps_output_with_its_delete() -> None:
+    async def scenario() -> None:
+        storage = await stored("a", "b")
+        commit = GroupCommit(storage, 0.01)
+        output = StoredOutput("j", "a", 0, 1, '{"n": 1}')
+        await asyncio.gather(
+            commit.write(deletes=[("j", "a")], outputs=[output]), commit.write([running("b")])
+        )
+        assert storage.deleted == [["a"]]
+        assert await storage.list_outputs("j") == [output]
 
     asyncio.run(scenario())
 

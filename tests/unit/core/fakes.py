@@ -42,7 +42,7 @@ from choreography_ray.errors import (
 )
 from choreography_ray.model import JobState, Lease, StatusChange, StepState, utcnow
 from choreography_ray.status import FAILED_STEP, JobStatus, StepStatus
-from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate
+from choreography_ray.storage import CountedKind, StatusCounts, StepUpdate, StoredOutput
 from choreography_ray.storage.memory import MemoryStorage
 
 #: The Ray node every fake host runs on (the silo of the leases it writes).
@@ -489,9 +489,11 @@ class FaultyStorage(MemoryStorage):
         await super().update_steps(updates)
         self._after("update_steps")
 
-    async def delete_steps(self, job_id: str, step_ids: Collection[str]) -> None:
+    async def delete_steps(
+        self, job_id: str, step_ids: Collection[str], outputs: Sequence[StoredOutput] = ()
+    ) -> None:
         await self._before("delete_steps")
-        await super().delete_steps(job_id, step_ids)
+        await super().delete_steps(job_id, step_ids, outputs)
         self._after("delete_steps")
 
     async def count_by_status(self, job_id: str) -> StatusCounts:
