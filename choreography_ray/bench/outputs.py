@@ -523,8 +523,8 @@ def _unseed(url: str, namespace: str, job_id: str) -> None:
 
 
 class _DriverPeak:
-    """The driver's own RSS: `before` as the block begins, `peak` the highest seen during it,
-    sampled every `DRIVER_SAMPLE_SECONDS` by a daemon thread."""
+    """The driver's own private memory: `before` as the block begins, `peak` the highest seen
+    during it, sampled every `DRIVER_SAMPLE_SECONDS` by a daemon thread."""
 
     def __init__(self) -> None:
         self._process = psutil.Process()
@@ -613,8 +613,8 @@ def print_report(report: OutputsReport, console: Console) -> None:
             "seed s",
             "read s",
             "rows/s",
-            "driver RSS before MiB",
-            "driver RSS growth MiB (/ data)",
+            "driver private MiB before",
+            "driver private growth MiB (/ data)",
             "workers peak MiB",
         ):
             scale.add_column(column, justify="right")
