@@ -79,12 +79,12 @@ def with_default_sigint(command: Sequence[str]) -> list[str]:
 # -- storage --------------------------------------------------------------------------------------
 
 
-def in_storage(url: str, use: Callable[[Storage], Awaitable[T]]) -> T:
+def in_storage(url: str, use: Callable[[Storage], Awaitable[T]], read_only: bool = False) -> T:
     """What `use` returns when run on a storage of its own, opened on `url` (not through Ray)
     and closed after, on an event loop of its own."""
 
     async def run() -> T:
-        storage = open_storage(url)
+        storage = open_storage(url, read_only=read_only)
         try:
             return await use(storage)
         finally:

@@ -422,7 +422,9 @@ def stored_outputs(world: ChaosCluster, job_id: str) -> tuple[list[Any], int]:
             found.extend(page)
         return found, await storage.count_outputs(job_id)
 
-    found, counted = in_storage(world.storage_url, read)
+    # Read-only: a reader lays nothing out, so a storage fault's lock still held (a second
+    # process's BEGIN EXCLUSIVE for up to 34 s) does not make it wait for a write lock.
+    found, counted = in_storage(world.storage_url, read, read_only=True)
     return found, counted
 
 
