@@ -4,11 +4,14 @@ holds every output (docs/outputs.md). Imported only when a Dataset is asked for:
 Data.
 
 When the Dataset is planned, storage is asked for the first and last step ids with an output
-(`output_span`: two look-ups, whatever the job's size): there is a read task per `ROWS_PER_TASK`
-ids between, at most `MAX_TASKS` and the parallelism Ray Data asks for, each an equal range.
-Step ids are the plan's positions, zero-padded to one width per job, so the ranges are even;
-ids of another form are read by one task. A block is built column by column: the outputs' JSON texts
-are parsed by Arrow's own JSON reader into one struct column, never into Python objects.
+(`output_span`: two look-ups, whatever the job's size). There is a read task per
+`ROWS_PER_TASK` ids between, at most `MAX_TASKS` and the parallelism Ray Data asks for, each an
+equal range: step ids are the plan's positions, zero-padded to one width per job, so the ranges
+are even; ids of another form are read by one task. When Ray Data plans one task to learn the
+Dataset's size, storage counts the outputs too (`count_outputs`, one query), so `count()`
+answers from that count and reads no output, as it does from a Parquet file's footer. A block
+is built column by column: the outputs' JSON texts are parsed by Arrow's own JSON reader into
+one struct column, never into Python objects.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def outputs_dataset(
 
 
 class _OutputsSource(Datasource):
-    """A Ray Data datasource over a job's outputs: a read task per group of parts."""
+    """A Ray Data datasource over a job's outputs: a read task per range of step ids."""
 
     def __init__(self, storage_url: str, namespace: str, job_id: str, stage: int | None) -> None:
         self._where = (storage_url, namespace, job_id, stage)
@@ -65,14 +68,15 @@ class _OutputsSource(Datasource):
 
     def get_read_tasks(self, parallelism: int, *args: Any, **kwargs: Any) -> list[Any]:
         storage_url, namespace, job_id, stage = self._where
-        span = _run(_span(_reading(storage_url, namespace), job_id, stage))
+        span, count = _run(_plan(_reading(storage_url, namespace), job_id, stage, parallelism))
         numeric = span is not None and all(end.isdigit() for end in span)
         ids = int(span[1]) - int(span[0]) + 1 if span is not None and numeric else 0
         tasks = max(1, min(parallelism, MAX_TASKS, math.ceil(ids / ROWS_PER_TASK)))
         return [
             ReadTask(
                 functools.partial(_read_range, *self._where, after, until),
-                BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None),
+                # One task (as Ray Data plans to learn a Dataset's size): its rows, counted.
+                BlockMetadata(num_rows=count, size_bytes=None, exec_stats=None, input_files=None),
             )
             for after, until in ranges(span, tasks)
         ]
@@ -90,9 +94,15 @@ def ranges(span: tuple[str, str] | None, tasks: int) -> list[tuple[str | None, s
     return list(zip([None, *ids], [*ids, None], strict=True))
 
 
-async def _span(storage: Storage, job_id: str, stage: int | None) -> tuple[str, str] | None:
+async def _plan(
+    storage: Storage, job_id: str, stage: int | None, parallelism: int
+) -> tuple[tuple[str, str] | None, int | None]:
+    """The first and last step ids with an output; with a parallelism of 1, how many outputs
+    there are too (one counting query: `count()` answers from it, reading no output)."""
     try:
-        return await storage.output_span(job_id, stage)
+        span = await storage.output_span(job_id, stage)
+        count = await storage.count_outputs(job_id, stage) if parallelism == 1 else None
+        return span, count
     finally:
         await storage.close()
 

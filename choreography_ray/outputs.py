@@ -63,8 +63,8 @@ def steps_from_dataset(
     batch_size: int = 4_096,
 ) -> Iterator[StepSpec]:
     """A plan read from a Dataset as `prepare_steps` returns it: a step of `step_type` per row,
-    its request `to_request(row)`, streamed a batch of rows at a time (`iter_rows` over
-    `iter_batches`), so a plan of millions of rows is held in bounded memory; the job inserts
+    its request `to_request(row)`, read a batch of `batch_size` rows at a time
+    (`iter_batches`), so a plan of millions of rows is held in bounded memory; the job inserts
     it a chunk at a time (`plan_chunk_size`)."""
     path = _step_path(step_type)
     for batch in ds.iter_batches(batch_size=batch_size, batch_format="pyarrow"):

@@ -96,6 +96,8 @@ class BenchConfig:
     resume_halfway: bool = False
     #: 1-step jobs timed for the latency scenario (0 = skip).
     latency_runs: int = 0
+    #: With `latency_runs`: also break the 1-step jobs' time into its marks.
+    breakdown: bool = False
     #: Also run each job with metrics on and off (`JobsOptions.metrics`), `repeat` rounds.
     metrics_overhead: bool = False
     #: Seconds any one job may take before the run fails.
@@ -320,7 +322,9 @@ class _Session:
         runs = self.config.latency_runs
         for url, connection in self.connections.items():
             self.log(f"latency of a 1-step job: {runs} runs on {redact_url(url)}")
-            self.report.latency.append(systems.latency(connection, runs, self.config.timeout))
+            self.report.latency.append(
+                systems.latency(connection, runs, self.config.timeout, self.config.breakdown)
+            )
 
     def warm_up(self) -> None:
         self.log("warming up (untimed): Ray workers, step hosts, storage connections")

@@ -136,6 +136,21 @@ def latency_table(report: BenchReport) -> Table:
     return table
 
 
+def breakdown_table(report: BenchReport) -> Table:
+    """Each `--breakdown` mark of a 1-step job: its median time from the `start` call, and from
+    the mark before it."""
+    table = Table(title="where a 1-step job's time goes (median of the runs through wait())")
+    for name in ("storage", "mark", "ms from start", "ms from the mark before"):
+        table.add_column(name, justify="left" if name in ("storage", "mark") else "right")
+    for r in report.latency:
+        before = 0.0
+        for mark, seconds in r.breakdown.items():
+            delta = (seconds - before) * 1000
+            table.add_row(label(r.storage), mark, f"{seconds * 1000:.1f}", f"{delta:+.1f}")
+            before = seconds
+    return table
+
+
 def metrics_table(report: BenchReport) -> Table:
     """Each round's job with metrics on and off, and every round's total on over total off."""
     table = Table(title="the durable job with metrics on and off, in one run")
@@ -162,6 +177,8 @@ def print_report(report: BenchReport, console: Console) -> None:
         console.print(resume_table(report))
     if report.latency:
         console.print(latency_table(report))
+    if any(r.breakdown for r in report.latency):
+        console.print(breakdown_table(report))
     if report.metrics_overhead:
         console.print(metrics_table(report))
     storages = report.config.get("storages", [])

@@ -161,6 +161,9 @@ class LatencyResult:
     wait_p50_seconds: float
     samples: list[float]
     wait_samples: list[float]
+    #: `--breakdown`: per mark of a 1-step job run through `wait`, the median seconds from the
+    #: `start` call to it (`systems.MARKS`), in the order of the medians.
+    breakdown: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 import choreography_ray as cr
 from choreography_ray.bench.results import ActorSample, CeilingRun, LatencyResult, ResumeRun
-from choreography_ray.bench.workloads import BenchItem, BenchJob, BenchRequest, BenchStep
+from choreography_ray.bench.workloads import BenchItem, BenchJob, BenchRequest, BenchStep, Timing
 from choreography_ray.core.planning import PLAN_WRITE
 from choreography_ray.core.stopping import settled
 from choreography_ray.model import Lease, StatusChange, utcnow
@@ -408,13 +408,31 @@ async def _count_counted(connection: Connection, job_id: str) -> int:
 # -- latency ----------------------------------------------------------------------------------
 
 
-def latency(connection: Connection, runs: int, timeout: float) -> LatencyResult:
+#: A 1-step job's marks for `--breakdown`: its stored status changes, its step's perform (the
+#: step's output: `workloads.Timing`), and when `start` and `wait` returned.
+MARKS = (
+    "PreparingJob stored",
+    "PreparingSteps stored (activated, prepared, plan inserted)",
+    "StartingSteps stored",
+    "perform began (start RPC, host)",
+    "perform ended",
+    "Running stored (first wave answered)",
+    "CompletedSuccessfully stored",
+    "start returned",
+    "wait returned",
+)
+
+
+def latency(
+    connection: Connection, runs: int, timeout: float, breakdown: bool = False
+) -> LatencyResult:
     """`runs` 1-step jobs timed by polling, alternating with `runs` timed by `manager.wait`,
-    after one untimed job."""
+    after one untimed job; `breakdown`: the waited jobs' marks (`MARKS`) too."""
     request = BenchRequest(steps=1)
     connection.run_job(request, timeout)
     polled: list[float] = []
     waited: list[float] = []
+    marks: dict[str, list[float]] = {mark: [] for mark in MARKS}
     for _ in range(runs):
         time.sleep(LATENCY_GAP_SECONDS)
         seconds, status, _ = connection.run_job(request, timeout, seen=True)
@@ -422,10 +440,29 @@ def latency(connection: Connection, runs: int, timeout: float) -> LatencyResult:
             raise RuntimeError(f"a 1-step job {status}")
         polled.append(seconds)
         time.sleep(LATENCY_GAP_SECONDS)
-        began = time.perf_counter()
-        started = connection.manager.start(BenchJob, request)
-        connection.manager.wait(started.job_id, timeout=timeout)
+        began, wall = time.perf_counter(), time.time()
+        started = connection.manager.start(BenchJob, BenchRequest(steps=1, timed=breakdown))
+        returned = time.perf_counter()
+        state = connection.manager.wait(started.job_id, timeout=timeout)
         waited.append(time.perf_counter() - began)
+        if breakdown:
+            (output,) = connection.manager.outputs(started.job_id)
+            timing = output.output_as(Timing)
+            stored = {str(c.status): c.occurred.timestamp() - wall for c in state.status_changes}
+            at = [
+                stored.get("PreparingJob"),
+                stored.get("PreparingSteps"),
+                stored.get("StartingSteps"),
+                timing.began - wall,
+                timing.ended - wall,
+                stored.get("Running"),
+                stored.get("CompletedSuccessfully"),
+                returned - began,
+                waited[-1],
+            ]
+            for mark, seconds_at in zip(MARKS, at, strict=True):
+                if seconds_at is not None:
+                    marks[mark].append(seconds_at)
     deciles = statistics.quantiles(polled, n=10, method="inclusive") if runs > 1 else polled * 9
     centiles = statistics.quantiles(polled, n=100, method="inclusive") if runs > 1 else polled
     return LatencyResult(
@@ -439,4 +476,10 @@ def latency(connection: Connection, runs: int, timeout: float) -> LatencyResult:
         wait_p50_seconds=statistics.median(waited),
         samples=polled,
         wait_samples=waited,
+        breakdown=dict(
+            sorted(
+                ((mark, statistics.median(at)) for mark, at in marks.items() if at),
+                key=lambda item: item[1],
+            )
+        ),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 from pydantic import BaseModel
@@ -13,14 +14,24 @@ import choreography_ray as cr
 class BenchItem(BaseModel):
     fail: bool = False
     ms: float = 0.0
+    #: Return when perform began and ended (wall clock) as the step's output.
+    timed: bool = False
+
+
+class Timing(BaseModel):
+    began: float
+    ended: float
 
 
 class BenchStep(cr.JobStep[BenchItem]):
     async def perform(self, request: BenchItem, context: cr.StepContext) -> cr.StepResult:
+        began = time.time()
         if request.ms:
             await asyncio.sleep(request.ms / 1000)
         if request.fail:
             return cr.StepResult.failed("simulated failure")
+        if request.timed:
+            return cr.StepResult.succeeded(output=Timing(began=began, ended=time.time()))
         return cr.StepResult.succeeded()
 
 
@@ -29,6 +40,7 @@ class BenchRequest(BaseModel):
     stages: int = 1
     fail_rate: float = 0.0
     step_ms: float = 0.0
+    timed: bool = False
 
 
 class BenchJob(cr.Job[BenchRequest]):
@@ -40,7 +52,7 @@ class BenchJob(cr.Job[BenchRequest]):
         a plan of 10,000,000 steps is never held whole. Steps share their two requests."""
         every = round(1 / request.fail_rate) if request.fail_rate else 0
         per_stage = -(-request.steps // request.stages)
-        succeeds = BenchItem(ms=request.step_ms)
+        succeeds = BenchItem(ms=request.step_ms, timed=request.timed)
         fails = BenchItem(fail=True, ms=request.step_ms)
         for i in range(request.steps):
             failing = bool(every) and i % every == every - 1

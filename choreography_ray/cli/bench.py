@@ -93,6 +93,14 @@ def bench(
         int,
         typer.Option("--latency", min=0, metavar="N", help="Also time N 1-step jobs (p50, warm)."),
     ] = 0,
+    breakdown: Annotated[
+        bool,
+        typer.Option(
+            "--breakdown",
+            help="With --latency N: also print where a 1-step job's time goes (its stored "
+            "status changes, its perform, start's and wait's answers; medians).",
+        ),
+    ] = False,
     metrics_overhead: Annotated[
         bool,
         typer.Option(
@@ -177,6 +185,8 @@ def bench(
 
     It starts its own local Ray. See docs/benchmarks.md for what each column means.
     """
+    if breakdown and not latency:
+        raise typer.BadParameter("--breakdown needs --latency N", param_hint="--breakdown")
     if sharing:
         _bench_sharing(json_file)
         return
@@ -231,6 +241,7 @@ def bench(
         actor_sample=actor_sample,
         resume_halfway=resume_halfway,
         latency_runs=latency,
+        breakdown=breakdown,
         metrics_overhead=metrics_overhead,
         stall_seconds=stall_seconds,
     )
