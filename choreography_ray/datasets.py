@@ -126,11 +126,7 @@ def _read_range(
     storage = _reading(storage_url, namespace)
     pages = output_pages(storage, job_id, stage=stage, after=after, until=until, page=PAGE)
     try:
-        while True:
-            try:
-                found = loop.run_until_complete(anext(pages))
-            except StopAsyncIteration:
-                break
+        while (found := loop.run_until_complete(anext(pages, None))) is not None:
             yield _block(found)
     finally:
         loop.run_until_complete(storage.close())

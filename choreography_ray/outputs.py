@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from choreography_ray.job import StepSpec, _step_path
 from choreography_ray.model import StepOutput
-from choreography_ray.storage import Storage, output_pages
+from choreography_ray.storage import Storage, StoredOutput, output_pages
 
 if TYPE_CHECKING:
     import ray.data
@@ -38,14 +38,15 @@ class OutputReader:
     def read_sync(self, job_id: str, stage: int | None, page: int) -> Iterator[StepOutput]:
         if _on_loop(self._loop):
             raise RuntimeError("outputs_sync is for a sync perform: await context.outputs()")
-        after: str | None = None
-        while True:
-            ask = self._storage.list_outputs(job_id, stage=stage, after=after, limit=page)
-            found = asyncio.run_coroutine_threadsafe(ask, self._loop).result()
+        pages = output_pages(self._storage, job_id, stage=stage, page=page)
+
+        async def next_page() -> list[StoredOutput] | None:
+            return await anext(pages, None)
+
+        while (
+            found := asyncio.run_coroutine_threadsafe(next_page(), self._loop).result()
+        ) is not None:
             yield from (stored.parsed() for stored in found)
-            if len(found) < page:
-                return
-            after = found[-1].step_id
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -499,7 +499,8 @@ class MongoStorage:
                 db.job_steps.bulk_write(writes, ordered=False)
             output_docs.delete_ended(db, ended)
 
-        await self._run(write)
+        if writes or ended:
+            await self._run(write)
 
     async def renew_leases(self, renewals: Sequence[LeaseRenewal]) -> int:
         now = records.encode(utcnow())
