@@ -99,6 +99,8 @@ class PoolRules:
     requested: list[dict[str, float]] = field(default_factory=list)
     #: Plans made: the shape that creates first turns with it.
     turn: int = 0
+    #: Per shape, the wanted hosts the last plan could not create (nothing fit).
+    blocked: Counter[str] = field(default_factory=Counter)
 
     # -- what jobs say ------------------------------------------------------------------------
 
@@ -106,15 +108,26 @@ class PoolRules:
         self, job_id: str, demands: list[PoolDemand], now: float
     ) -> dict[str, tuple[list[str], int]]:
         """A job's demand per shape (a shape it no longer names is dropped); returns, for each
-        shape it named, the placed hosts and how many more are on their way (created, not
-        placed yet)."""
+        shape it named, the placed hosts and how many more are on their way: created and not
+        placed yet, or wanted and not tried yet (the next plan creates them where they fit;
+        until then, the job gives the placed ones a round at a time)."""
         named = {d.shape for d in demands}
         for key in [k for k in self.demand if k[1] == job_id and k[0] not in named]:
             del self.demand[key]
         for d in demands:
             self.demand[(d.shape, job_id)] = (d, now)
-        coming = Counter(r.shape for r in self.hosts.values() if r.state is not HostState.PLACED)
+        coming = self.untried(now)
+        coming.update(r.shape for r in self.hosts.values() if r.state is not HostState.PLACED)
         return {shape: (self.placed(shape), coming[shape]) for shape in named}
+
+    def untried(self, now: float) -> Counter[str]:
+        """Per shape, the wanted hosts not created yet that the last plan did not find short
+        of room: the next plan tries them."""
+        have = Counter(row.shape for row in self.hosts.values())
+        untried: Counter[str] = Counter()
+        for shape, (want, _d) in self.wanted(now).items():
+            untried[shape] = max(0, want - have[shape] - self.blocked[shape])
+        return +untried
 
     def placed(self, shape: str | None = None) -> list[str]:
         return sorted(
@@ -126,9 +139,6 @@ class PoolRules:
     def unplaced(self) -> bool:
         """Whether a host created here is not placed yet."""
         return any(row.state is not HostState.PLACED for row in self.hosts.values())
-
-    def placed_shapes(self) -> set[str]:
-        return {row.shape for row in self.hosts.values() if row.state is HostState.PLACED}
 
     def waiting(self, now: float) -> Counter[str]:
         """Per shape, the steps waiting in the jobs for room on its hosts."""
@@ -232,6 +242,7 @@ class PoolRules:
                 made = True
             if not made:
                 break
+        self.blocked = Counter({shape: n for shape, n in short.items() if n > 0})
         waiting = [wanted[shape][1].resources for shape, n in short.items() if n > 0]
         if waiting:
             # A shape that waits takes the place of hosts another shape has beyond its wants,

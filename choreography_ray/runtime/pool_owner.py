@@ -58,9 +58,10 @@ class PoolOwner:
         """The job's demand per shape; for each shape it named, the placed hosts (name,
         handle) and how many more are on their way."""
         async with self._turn:
-            if any(d.shape not in self.rules.placed_shapes() for d in demands if d.steps):
-                self._wake.set()  # a shape without hosts yet: tick now
-            said = self.rules.say(job_id, demands, time.monotonic())
+            now = time.monotonic()
+            said = self.rules.say(job_id, demands, now)
+            if self.rules.untried(now):
+                self._wake.set()  # hosts wanted that no plan tried yet: tick now
             return {shape: (self._named(names), coming) for shape, (names, coming) in said.items()}
 
     async def describe(self) -> dict[str, dict[str, int]]:

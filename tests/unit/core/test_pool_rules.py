@@ -34,6 +34,7 @@ HALF_GPU: Resources = (("num_gpus", 0.5),)
 #: The docs' label-like custom resource.
 A10G: Resources = (("accelerator_type:A10G", 0.001),)
 CREDIT = 16
+GPU_SHAPE = shape_name(GPU)
 
 
 def demand(resources: Resources, steps: int, credit: int = CREDIT, **bounds: int) -> PoolDemand:
@@ -373,6 +374,28 @@ def test_plan__a_host_killed_in_a_plan_does_not_lend_its_name_to_one_created_in_
     plan = rules.plan(total, total, now)
     assert plan.kill == [made.name]
     assert made.name not in [c.name for c in plan.create]
+
+
+def test_say__hosts_wanted_and_not_tried_yet_are_on_their_way_until_a_plan_finds_no_room() -> None:
+    """A job whose demand outgrows the placed hosts hears of the hosts to come before the next
+    plan makes them (it gives the placed ones a round at a time meanwhile, not all its steps);
+    once a plan finds no room for them, they are no longer said to come."""
+    ray = FakeRay({"n1": {"CPU": 4.0, "GPU": 2.0}})
+    rules = PoolRules()
+    assert rules.say("job", [demand(GPU, 1)], 0.0) == {GPU_SHAPE: ([], 1)}
+    tick(rules, ray, 0.0)
+    tick(rules, ray, 1.0)
+    (first,) = rules.placed()
+
+    assert rules.say("job", [demand(GPU, 2 * CREDIT)], 2.0) == {GPU_SHAPE: ([first], 1)}
+    assert rules.untried(2.0) == Counter({GPU_SHAPE: 1})
+
+    ray.hold("n1", GPU=1.0)  # another actor takes the second GPU before the plan
+    assert tick(rules, ray, 2.0 + RESOURCE_LAG).create == []
+    assert rules.say("job", [demand(GPU, 2 * CREDIT)], 3.0) == {GPU_SHAPE: ([first], 0)}
+    assert rules.untried(3.0) == Counter()
+    # More demand than the last plan found no room for: one more is tried.
+    assert rules.say("job", [demand(GPU, 3 * CREDIT)], 4.0) == {GPU_SHAPE: ([first], 1)}
 
 
 def test_seen__a_host_just_created_and_not_listed_yet_stays_until_place_grace() -> None:
