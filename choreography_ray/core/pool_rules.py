@@ -99,7 +99,8 @@ class PoolRules:
     requested: list[dict[str, float]] = field(default_factory=list)
     #: Plans made: the shape that creates first turns with it.
     turn: int = 0
-    #: Per shape, the wanted hosts the last plan could not create (nothing fit).
+    #: Per shape, the wanted hosts the last plan could not create and would not have created
+    #: were Ray's view up to date (nothing fits).
     blocked: Counter[str] = field(default_factory=Counter)
 
     # -- what jobs say ------------------------------------------------------------------------
@@ -212,9 +213,15 @@ class PoolRules:
                 plan.kill.append(row.name)
                 del self.hosts[row.name]
         free = {node: dict(resources) for node, resources in available.items()}
+        # As Ray shows it: a host placed within RESOURCE_LAG may be in it already. A host short
+        # that fits there is not blocked: it is made once the lag has passed.
+        shown = {node: dict(resources) for node, resources in available.items()}
         for row in self.hosts.values():
-            pending = row.state is not HostState.PLACED or now - row.since < RESOURCE_LAG
-            if pending and row.node in free:
+            if row.node not in free:
+                continue
+            if row.state is not HostState.PLACED:
+                _take(shown[row.node], row.resources)
+            if row.state is not HostState.PLACED or now - row.since < RESOURCE_LAG:
                 _take(free[row.node], row.resources)
         wanted = self.wanted(now)
         have = Counter(row.shape for row in self.hosts.values())
@@ -237,12 +244,20 @@ class PoolRules:
                 self.hosts[name] = HostRow(name, shape, node, d.resources, HostState.CREATED, now)
                 plan.create.append(Create(name, shape, node, d.resources, d.idle_timeout))
                 _take(free[node], d.resources)
+                _take(shown[node], d.resources)
                 on_node[(shape, node)] += 1
                 short[shape] -= 1
                 made = True
             if not made:
                 break
-        self.blocked = Counter({shape: n for shape, n in short.items() if n > 0})
+        self.blocked = Counter(
+            {
+                shape: n
+                for shape, n in short.items()
+                if n > 0
+                and _roomiest(wanted[shape][1].resources, shown, total, on_node, shape) is None
+            }
+        )
         waiting = [wanted[shape][1].resources for shape, n in short.items() if n > 0]
         if waiting:
             # A shape that waits takes the place of hosts another shape has beyond its wants,

@@ -398,6 +398,23 @@ def test_say__hosts_wanted_and_not_tried_yet_are_on_their_way_until_a_plan_finds
     assert rules.say("job", [demand(GPU, 3 * CREDIT)], 4.0) == {GPU_SHAPE: ([first], 1)}
 
 
+def test_say__a_host_held_back_only_by_a_placement_ray_may_not_show_yet_is_on_its_way() -> None:
+    """The next host fits once the first one's placement shows in Ray's view (RESOURCE_LAG):
+    until then the job hears it is coming, and gives the first a round at a time."""
+    ray = FakeRay({"n1": {"CPU": 4.0, "GPU": 2.0}})
+    rules = PoolRules()
+    rules.say("job", [demand(GPU, 1)], 0.0)
+    tick(rules, ray, 0.0)
+    tick(rules, ray, 1.0)
+    (first,) = rules.placed()
+    rules.say("job", [demand(GPU, 2 * CREDIT)], 1.1)
+
+    assert tick(rules, ray, 1.1).create == []  # within the lag: held back
+    assert rules.say("job", [demand(GPU, 2 * CREDIT)], 1.2) == {GPU_SHAPE: ([first], 1)}
+    (second,) = tick(rules, ray, 1.0 + RESOURCE_LAG).create
+    assert second.name != first
+
+
 def test_seen__a_host_just_created_and_not_listed_yet_stays_until_place_grace() -> None:
     rules = PoolRules()
     total = {"n1": {"GPU": 1.0}}
