@@ -256,7 +256,7 @@ class AsyncJobsManager:
         while True:
             state: JobState = await self._call("status", job_id)
             if settled(state):
-                return await self.get(job_id)
+                return state  # with its counted steps, as `get` has it
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeoutError(
                     f"job {job_id} is still {state.status}"

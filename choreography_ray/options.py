@@ -59,8 +59,9 @@ class JobsOptions(BaseModel):
     #: Steps of a plan handled at once: read from `prepare_steps`, checked and inserted per
     #: chunk; a stage's steps are read back from storage in pages of at most 5,000 of them.
     plan_chunk_size: int = Field(default=50_000, ge=1)
-    #: How long a step host gathers writes before one bulk write (group commit).
-    group_commit_delay: Duration = timedelta(milliseconds=5)
+    #: How long a step host's group commit round gathers writes before it is written when no
+    #: write is in flight (0: at once; while a write is in flight, writes gather anyway).
+    group_commit_delay: Duration = timedelta(0)
     #: An async `perform` that holds the event loop longer than this without awaiting is
     #: recorded as failed when it ends; zero turns the check off.
     step_event_loop_block_limit: Duration = timedelta(seconds=5)

@@ -74,5 +74,9 @@ class Hosts(Protocol):
     async def refresh(self) -> None:
         """Learns the hosts of the nodes alive now."""
 
+    async def warm(self) -> None:
+        """Ahead of a job (a spare activation): learns the hosts, and reaches the first ones a
+        placement takes, so the job's first start finds them at once."""
+
     async def activation_gone(self, activation: str) -> bool:
         """Whether a lease's hosting actor is dead (or a new incarnation)."""

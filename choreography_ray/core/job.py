@@ -58,6 +58,7 @@ from choreography_ray.model import JobState
 from choreography_ray.options import JobsOptions
 from choreography_ray.status import JobStatus
 from choreography_ray.storage import Storage
+from choreography_ray.types import import_type
 
 log = get_logger(__name__)
 
@@ -119,8 +120,27 @@ class JobCore:
         self._wake = asyncio.Event()
         self._loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._begun = False
+        #: Warmed up ahead of its job (`warm`): it knows the hosts already.
+        self._warm = False
 
     # -- activation ---------------------------------------------------------------------------
+
+    async def warm(self, job_types: Collection[str]) -> None:
+        """A spare's work ahead of its job, none of it an activation: storage reached (its
+        record, absent yet, read), `job_types` imported (its manager's latest), the first
+        hosts reached. What fails is left to the activation, which does it again."""
+        for path in job_types:
+            try:
+                import_type(path, self.options.allowed_type_prefixes)
+            except Exception as error:
+                log.warning("job %s: importing %s ahead failed: %s", self.job_id, path, error)
+        try:
+            await self.storage.get_job(self.job_id)
+            await self.hosts.warm()
+        except Exception as error:
+            log.warning("job %s: warming up ahead of the job failed: %s", self.job_id, error)
+        else:
+            self._warm = True
 
     def begin(self, reconstructed: bool = False) -> None:
         """Activates the job in a named task, once: when its actor is created, or for a spare
@@ -150,7 +170,12 @@ class JobCore:
             self.enter(Mode.AT_REST)  # no job: nothing to serve
             self._loaded.set_result(None)
             return
-        await self.refresh_hosts()
+        if self._warm:
+            # A spare's node table (at most minutes old) places the first steps; the table is
+            # read again beside them.
+            self.tasks.spawn("refresh hosts", self.refresh_hosts())
+        else:
+            await self.refresh_hosts()
         if stopping.settled(state):
             # Activated for an operation on a job at rest: it answers, and the actor goes
             # unless the operation reopened the job.

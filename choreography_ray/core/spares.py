@@ -5,7 +5,9 @@ the ids of the next jobs it starts, so that a start does not wait for an actor t
 A spare is `job/{id}` for an id no record has yet; it activates at its first call. A spare
 nobody took within `SPARE_SECONDS` activates on its own, finds no record and exits, so a manager
 that is gone leaves none behind; its manager takes a spare only while it is younger than half
-that. `Spares` is the manager's bookkeeping; it imports no Ray.
+that. A new spare warms up before it is taken (`JobCore.warm`): it reaches storage and the first
+step hosts, and imports the job types its manager started last (`recent_types`), so its job's
+first turns do not pay for them. `Spares` is the manager's bookkeeping; it imports no Ray.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections import deque
 
 #: Seconds a spare job actor waits for its job before it exits.
 SPARE_SECONDS = 600.0
+#: The job types a new spare imports ahead: its manager's latest ones.
+RECENT_TYPES = 4
 
 
 class Spares:
@@ -23,6 +27,7 @@ class Spares:
         #: (job id, monotonic time it was created), oldest first.
         self._ready: deque[tuple[str, float]] = deque()
         self.creating = 0
+        self._types: deque[str] = deque(maxlen=RECENT_TYPES)
 
     def take(self, now: float) -> str | None:
         """The id of the oldest spare young enough to take, else None; older ones are
@@ -43,3 +48,13 @@ class Spares:
 
     def add(self, job_id: str, created: float) -> None:
         self._ready.append((job_id, created))
+
+    def started(self, job_type: str) -> None:
+        """A job of `job_type` started: the next spares import it ahead."""
+        if job_type in self._types:
+            self._types.remove(job_type)
+        self._types.append(job_type)
+
+    def recent_types(self) -> list[str]:
+        """The latest job types started, the latest last."""
+        return list(self._types)

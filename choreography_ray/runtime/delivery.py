@@ -64,7 +64,8 @@ class Delivery:
             try:
                 if self.drop is not None and self.drop(job_id, outcomes):
                     raise ConnectionError("delivery dropped on purpose")
-                await self._handle(job_id).report_outcomes.remote(outcomes_to_wire(outcomes))
+                handle = await self._handle(job_id)
+                await handle.report_outcomes.remote(outcomes_to_wire(outcomes))
                 return True
             except Exception as error:
                 self._handles.pop(job_id, None)
@@ -84,12 +85,21 @@ class Delivery:
             await asyncio.sleep(backoff.delay(attempt))
             self._metrics.count(Counter.OUTCOME_DELIVERIES_RETRIED, len(outcomes), labels)
 
-    def _handle(self, job_id: str) -> Any:
+    def know(self, job_id: str, handle: Any) -> None:
+        """The job actor's handle, as its start brought it: no lookup by name."""
+        self._handles.pop(job_id, None)
+        self._keep(job_id, handle)
+
+    async def _handle(self, job_id: str) -> Any:
         handle = self._handles.pop(job_id, None)
-        if handle is None:
-            handle = ray.get_actor(job_name(job_id), namespace=self._namespace)
+        if handle is None:  # looked up off the loop: the GCS call blocks
+            name = job_name(job_id)
+            handle = await asyncio.to_thread(ray.get_actor, name, namespace=self._namespace)
+        self._keep(job_id, handle)
+        return handle
+
+    def _keep(self, job_id: str, handle: Any) -> None:
         # The most recently used jobs' handles, so the cache does not grow with every job.
         self._handles[job_id] = handle
         if len(self._handles) > HANDLES_KEPT:
             del self._handles[next(iter(self._handles))]
-        return handle

@@ -1,4 +1,8 @@
-"""Group commit: many steps' writes become one bulk write, flushed within a few milliseconds.
+"""Group commit: many steps' writes become one bulk write. A round is written as soon as no
+write is in flight (after `delay_seconds`, 0 by default: on the loop's next turn, so the writes
+of one turn go together); while one is in flight, the writes that come meanwhile gather into the
+next round, which is written when it ends. An idle host so writes at once, and a busy one in
+rounds as large as its storage is slow.
 
 A writer awaits the round its writes joined; the round resolves once its bulk write is durable,
 so a step reports only what storage already holds. A round that fails fails every writer of it
@@ -86,7 +90,7 @@ class GroupCommit:
 
     def _start_flush(self) -> None:
         if self._flushing is not None:
-            self._due = True
+            self._due = True  # written once the write in flight ends
             return
         self._flushing = asyncio.get_running_loop().create_task(
             self._flush(), name="group-commit flush"

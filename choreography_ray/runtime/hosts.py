@@ -41,6 +41,9 @@ SHARED = step_host_name("", 0).split("/")[0] + "/"
 #: Seconds a host (or the pools' owner) has to answer a control call: which steps of a job it
 #: runs, a stop, a fence lifted. A host that misses it is not known yet, and asked again.
 CONTROL_SECONDS = 10.0
+#: Shared hosts a spare job actor reaches ahead of its job (`warm`): the first ones its
+#: placements take.
+WARM_HOSTS = 2
 #: Seconds a host has to answer a start: it answers once the steps' RUNNING is stored, and a
 #: shared host at capacity first waits for room, which throttles the job's starts.
 START_SECONDS = 300.0
@@ -67,11 +70,28 @@ class RayHosts:
         self._fenced: dict[str, list[str]] = {}
         #: Kills of released dedicated step actors in flight.
         self._releasing: set[asyncio.Task[None]] = set()
+        #: The job actor's own handle, sent with each start: its hosts deliver to it.
+        self.reply_to: Any = None
 
     async def refresh(self) -> None:
         """Learns the shared hosts of every alive node (their names: a host is created when a
         step is first placed on it); forgets those of dead nodes."""
         self._build(await asyncio.to_thread(alive_node_resources))
+
+    async def warm(self) -> None:
+        """The node table, and the first shared hosts a placement takes found and called
+        once (a host that is not there yet is created when a step is first placed on it)."""
+        await self.refresh()
+        names = [n for n in list(self._shared)[:WARM_HOSTS] if n not in self.handles]
+        self.handles.update(await asyncio.to_thread(self._existing, names))
+        await self._ask([n for n in names if n in self.handles], "ping")
+
+    def _existing(self, names: list[str]) -> dict[str, Any]:
+        found = {}
+        for name in names:
+            with contextlib.suppress(ValueError):
+                found[name] = ray.get_actor(name, namespace=self._namespace)
+        return found
 
     def _build(self, nodes: dict[str, dict[str, float]]) -> None:
         self._shared = {
@@ -160,7 +180,7 @@ class RayHosts:
         try:
             async with asyncio.timeout(START_SECONDS):
                 _started, incarnation = await handle.start_steps.remote(
-                    job_id, self.context, wire, tuple(labels), epoch, tuple(share)
+                    job_id, self.context, wire, tuple(labels), epoch, tuple(share), self.reply_to
                 )
         except ray.exceptions.ActorDiedError:
             self._forget(host)

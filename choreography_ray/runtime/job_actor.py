@@ -55,6 +55,7 @@ class JobActor:
         options = JobsOptions.model_validate_json(options_json)
         storage = open_shared_storage(storage_url, namespace)
         hosts = RayHosts(storage_url, options, namespace)
+        hosts.reply_to = ray.get_runtime_context().current_actor
         self.hosts = hosts
         self.namespace = namespace
         self.relay: RelayedMetrics | None = None
@@ -156,6 +157,10 @@ class JobActor:
     async def pools(self) -> list[PoolState]:
         """The pools this activation placed steps on, as their hosts answer now."""
         return await asyncio.to_thread(list_pools, self.namespace, self.hosts.pool_shapes())
+
+    async def warm(self, job_types: list[str]) -> None:
+        """A spare, ahead of its job: `JobCore.warm`."""
+        await self.core.warm(job_types)
 
     async def ping(self) -> None:
         """Answers once the actor is up (a spare's manager waits for it)."""

@@ -39,7 +39,7 @@ from choreography_ray.core.resuming import Resume, check_retry_failed, resume_ac
 from choreography_ray.core.retries import STANDARD
 from choreography_ray.core.sharing import check_priority
 from choreography_ray.core.spares import SPARE_SECONDS, Spares
-from choreography_ray.core.stopping import refuse_stop
+from choreography_ray.core.stopping import refuse_stop, settled
 from choreography_ray.core.turns import Supervisor
 from choreography_ray.errors import JobLookupError, JobOperationError, StartJobError
 from choreography_ray.failures import FailureCluster
@@ -62,6 +62,9 @@ log = get_logger(__name__)
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
 #: Seconds between two settings of the `choreography_jobs` gauge from storage.
 JOBS_GAUGE_SECONDS = 5.0
+#: Seconds a new spare job actor has to start and warm up (`JobCore.warm`); one that misses
+#: it is not taken (it exits on its own after `SPARE_SECONDS`).
+WARM_SECONDS = 60.0
 
 
 class ManagerCore:
@@ -147,6 +150,7 @@ class ManagerCore:
         except ValidationError as error:
             raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
         priority, fairness_key = self._share(cls, job_type, validated, priority)
+        self.spares.started(job_type)
         job_id = job_id or self.spares.take(time.monotonic()) or uuid.uuid4().hex
         state = JobState(
             id=job_id,
@@ -227,7 +231,8 @@ class ManagerCore:
                     handle = await asyncio.to_thread(
                         actors.job_actor, job_id, *self._job_args, spare=True
                     )
-                    await handle.ping.remote()
+                    async with asyncio.timeout(WARM_SECONDS):
+                        await handle.warm.remote(self.spares.recent_types())
                 finally:
                     self.spares.creating -= 1
                 self.spares.add(job_id, time.monotonic())
@@ -235,7 +240,10 @@ class ManagerCore:
         self.tasks.spawn("spare job actors", refill())
 
     async def get(self, job_id: str) -> JobState:
-        state = await self._owned(job_id)
+        return await self._counted(await self._owned(job_id))
+
+    async def _counted(self, state: JobState) -> JobState:
+        job_id = state.id
         completed = await self.storage.list_counted(job_id, CountedKind.COMPLETED)
         stopped = await self.storage.list_counted(job_id, CountedKind.STOPPED)
         return state.model_copy(
@@ -246,8 +254,10 @@ class ManagerCore:
         )
 
     async def status(self, job_id: str) -> JobState:
-        """The job record without its counted-step lists: what `wait` polls."""
-        return await self._owned(job_id)
+        """What `wait` polls: the job record, with its counted-step lists once it is settled
+        (`get`'s answer, in the same call)."""
+        state = await self._owned(job_id)
+        return await self._counted(state) if settled(state) else state
 
     async def _owned(self, job_id: str) -> JobState:
         state = await self.storage.get_job(job_id)

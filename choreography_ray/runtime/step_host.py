@@ -149,12 +149,14 @@ class StepHostCore:
         labels: Labels = UNKNOWN,
         epoch: int = 0,
         share: Share | None = None,
+        reply_to: Any = None,
     ) -> int:
         """Persists RUNNING for the batch, starts every step, and returns how many started.
         Waits while the host is at capacity, which throttles the caller's start operations;
         the starts waiting go in the order of their jobs' `share` (`core.sharing`), and the
         job's sync steps wait for a thread in that order too. A step already running here is
-        not started twice. `labels` are the job's metric tags.
+        not started twice. `labels` are the job's metric tags; `reply_to` is the job actor's
+        handle, which outcomes are delivered to (else it is looked up by name).
         A start of an activation older than one that asked this host already (`epoch`) is
         refused with `StaleActivationError`, also after waiting for room."""
         if self.leave.leaving:
@@ -167,7 +169,10 @@ class StepHostCore:
         if share is not None:
             self.job_share[job_id] = share
         try:
-            return await self._start_steps(job_id, self.tenant(job_id, context), steps, epoch)
+            tenant = self.tenant(job_id, context)
+            if reply_to is not None:
+                tenant.delivery.know(job_id, reply_to)
+            return await self._start_steps(job_id, tenant, steps, epoch)
         finally:
             self._release(job_id)
 
@@ -523,19 +528,26 @@ class StepHost:
         labels: tuple[str, str, str] | None = None,
         epoch: int = 0,
         share: tuple[int, str, float] | None = None,
+        reply_to: Any = None,
     ) -> tuple[int, str]:
         """How many steps started, and this host's incarnation (what the job watches).
         `labels` (scope, namespace, job type) tag what the host records of the job, and
-        `share` (priority, fairness key, weight) orders its steps where they wait here; a job
-        actor of an earlier release sends neither."""
+        `share` (priority, fairness key, weight) orders its steps where they wait here, and
+        `reply_to` is the job actor's own handle; a job actor of an earlier release sends none
+        of them."""
         job_labels = UNKNOWN if labels is None else Labels(*labels)
         job_share = None if share is None else Share(*share)
         starts = starts_from_wire(steps)
-        started = await self.core.start_steps(job_id, context, starts, job_labels, epoch, job_share)
+        started = await self.core.start_steps(
+            job_id, context, starts, job_labels, epoch, job_share, reply_to
+        )
         return started, self.core.incarnation
 
     async def cancel_steps(self, job_id: str, removing: bool = False) -> int:
         return await self.core.cancel_steps(job_id, removing)
+
+    async def ping(self) -> None:
+        """Answers: a job actor ahead of its job reaches the host once (`RayHosts.warm`)."""
 
     async def running_steps(
         self, job_id: str, fence: bool = False, epoch: int = 0

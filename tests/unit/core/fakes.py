@@ -86,6 +86,8 @@ class FakeHosts:
         #: Every cancel: (hosts, removing).
         self.cancels: list[tuple[frozenset[str], bool]] = []
         self.released: list[str] = []
+        #: How many times an activation ahead of its job warmed the hosts.
+        self.warmed = 0
         #: Every report delivered to the job, with the error the job answered (None: accepted).
         self.reports: list[tuple[list[Outcome], BaseException | None]] = []
         #: Fault: the next this many start operations raise ConnectionError.
@@ -278,6 +280,10 @@ class FakeHosts:
 
     async def refresh(self) -> None:
         await asyncio.sleep(0)  # reads the node table, as a real one does: others run meanwhile
+
+    async def warm(self) -> None:
+        self.warmed += 1
+        await self.refresh()
 
     async def activation_gone(self, activation: str) -> bool:
         return activation in self.dead

@@ -27,3 +27,12 @@ def test_size_zero__never_creates_or_gives_one() -> None:
     spares = Spares(size=0, max_age=10.0)
     assert spares.missing() == 0
     assert spares.take(now=0.0) is None
+
+
+def test_recent_types__the_latest_job_types_started_each_once_the_latest_last() -> None:
+    spares = Spares(size=1, max_age=10.0)
+    assert spares.recent_types() == []
+    for job_type in ["a.A", "b.B", "a.A", "c.C", "d.D", "e.E"]:
+        spares.started(job_type)
+    # At most RECENT_TYPES (4): "b.B" is the oldest and goes; "a.A" moved up when it came again.
+    assert spares.recent_types() == ["a.A", "c.C", "d.D", "e.E"]

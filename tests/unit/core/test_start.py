@@ -8,9 +8,11 @@ import asyncio
 import pytest
 
 from choreography_ray.core.messages import Outcome
+from choreography_ray.core.mode import Mode
 from choreography_ray.errors import StartJobError
 from choreography_ray.status import JobStatus, StepStatus
 from choreography_ray.storage.memory import MemoryStorage
+from choreography_ray.types import type_path
 from tests.unit.core.conftest import FAST, Activations
 from tests.unit.core.fakes import FAILED, FakeHosts
 from tests.unit.core.harness import eventually
@@ -356,5 +358,25 @@ def test_start__a_failed_step_of_the_first_stage_is_not_counted_twice(
         await h.settle()
         stored = await h.stored()
         assert (stored.progress.failed_steps, stored.progress.successful_steps) == (1, 1)
+
+    activations.run(scenario)
+
+
+def test_warm__a_spare_reaches_hosts_and_imports_types_ahead_and_its_job_starts_as_any(
+    activations: Activations, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A spare's warm-up (`JobCore.warm`) activates nothing: the hosts are reached once, a type
+    that cannot be imported is logged and left to the activation, and the job, once started,
+    runs as any other."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]))
+        core = h.build()  # its actor, created ahead of the job's start
+        await core.warm([type_path(StagedJob), "tests.unit.core.no_such_module.Job"])
+
+        assert (core.mode, h.hosts.warmed) == (Mode.LOADING, 1)
+        assert "importing tests.unit.core.no_such_module.Job ahead failed" in caplog.text
+        assert await core.start() is None
+        assert await h.all_succeed() == (JobStatus.COMPLETED_SUCCESSFULLY, 2)
 
     activations.run(scenario)
