@@ -178,10 +178,12 @@ class ManagerCore:
                     WriteOperation.CREATE_JOB,
                 )
                 actor = await self.job_actor(job_id)
-                self._refill_spares()
                 start_error: StartJobError | None = await actor.start.remote()
         finally:
             self._starting.discard(job_id)
+            # Once the start has answered: a new process starting up (most of a core for a
+            # third of a second) would slow the start it is made for.
+            self._refill_spares()
         return job_id, start_error
 
     def _share(
