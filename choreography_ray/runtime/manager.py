@@ -62,6 +62,9 @@ log = get_logger(__name__)
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
 #: Seconds between two settings of the `choreography_jobs` gauge from storage.
 JOBS_GAUGE_SECONDS = 5.0
+#: Seconds into a start at which the next spare job actor is made, if the start has not
+#: answered by then.
+REFILL_SECONDS = 0.05
 #: Seconds a new spare job actor has to start and warm up (`JobCore.warm`); one that misses
 #: it is not taken (it exits on its own after `SPARE_SECONDS`).
 WARM_SECONDS = 60.0
@@ -178,12 +181,16 @@ class ManagerCore:
                     WriteOperation.CREATE_JOB,
                 )
                 actor = await self.job_actor(job_id)
+                # A new process starting up takes most of a core for a third of a second: the
+                # next spare is made once this start has answered, or REFILL_SECONDS into it,
+                # whichever comes first (a small job's start is not slowed; a large job's run,
+                # after its start, is not either).
+                refill = asyncio.get_running_loop().call_later(REFILL_SECONDS, self._refill_spares)
                 start_error: StartJobError | None = await actor.start.remote()
         finally:
             self._starting.discard(job_id)
-            # Once the start has answered: a new process starting up (most of a core for a
-            # third of a second) would slow the start it is made for.
-            self._refill_spares()
+        refill.cancel()
+        self._refill_spares()
         return job_id, start_error
 
     def _share(
