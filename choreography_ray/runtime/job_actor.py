@@ -162,9 +162,6 @@ class JobActor:
         """A spare, ahead of its job: `JobCore.warm`."""
         await self.core.warm(job_types)
 
-    async def ping(self) -> None:
-        """Answers once the actor is up (a spare's manager waits for it)."""
-
     async def watchdog_ticks(self) -> int:
         return self.core.ticks
 
