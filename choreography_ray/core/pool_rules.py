@@ -177,13 +177,16 @@ class PoolRules:
 
     # -- what Ray says ------------------------------------------------------------------------
 
-    def seen(self, alive: Mapping[str, bool], now: float) -> None:
-        """The owner's hosts as Ray has them: name -> placed (alive) or not yet; a host not
-        named is gone."""
+    def seen(self, alive: Mapping[str, bool], now: float, listed_at: float | None = None) -> None:
+        """The owner's hosts as Ray has them, listed from `listed_at` on (default `now`): name
+        -> placed (alive) or not yet; a host not named is gone."""
+        listed_at = now if listed_at is None else listed_at
         for row in [r for r in self.hosts.values() if r.name not in alive]:
-            # One just created may not be listed yet: it has until PLACE_GRACE. One listed
-            # before is gone (killed while restarting, say): made again at once if wanted.
-            if row.state is not HostState.CREATED or now - row.since > PLACE_GRACE:
+            # Ray lists a named actor from its creation on (its name is taken as it is
+            # created): one created before the listing began and not in it is gone (killed
+            # before Ray placed it, or while restarting), and is made again at once if wanted.
+            # Only one created since may not be in it yet.
+            if row.state is not HostState.CREATED or row.since < listed_at:
                 del self.hosts[row.name]
         for name, is_alive in alive.items():
             if name not in self.hosts:

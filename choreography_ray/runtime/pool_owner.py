@@ -97,6 +97,7 @@ class PoolOwner:
             self._wake.clear()
 
     async def _tick(self) -> None:
+        listed_at = time.monotonic()
         names, alive, total, available = await asyncio.to_thread(self._read_ray)
         async with self._turn:
             now = time.monotonic()
@@ -106,7 +107,9 @@ class PoolOwner:
                 if name not in self.rules.hosts:
                     del self._handles[name]
             self.rules.seen(
-                {name: self._handles[name]._actor_id.hex() in alive for name in names}, now
+                {name: self._handles[name]._actor_id.hex() in alive for name in names},
+                now,
+                listed_at,
             )
             plan = self.rules.plan(total, available, now)
             for create in plan.create:
