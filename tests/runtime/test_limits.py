@@ -17,6 +17,9 @@ from tests.runtime.limit_jobs import NAMED, Calls, CallsRequest
 from tests.runtime.test_cli_jobs import cli, explain
 from tests.support import RAY_NAMESPACE, eventually, read_trace
 
+#: The per-key limit of `KeyedCall`, as `jobs.limits()` names it.
+KEYED = "tests.runtime.limit_jobs:KeyedCall"
+
 
 def peak(calls: list[dict[str, Any]], since: float = 0.0) -> int:
     """The most calls running at one moment at or after `since` (an end at a start's instant
@@ -52,15 +55,21 @@ def test_max_concurrent_per_key__holds_over_two_jobs_and_three_hosts(
     assert {key: len(c) for key, c in by_key.items()} == {"a": 12, "b": 12}
     assert {key: peak(c) for key, c in by_key.items()} == {"a": 2, "b": 2}
     assert len({call["host"] for call in calls}) == 3
-    limits = {(s.kind, s.name): s for s in jobs.limits()}
-    keyed = limits[("per-key", "tests.runtime.limit_jobs:KeyedCall")]
-    assert (keyed.limit, keyed.held, keyed.waiting) == (cr.Limit(max_concurrent=2), 0, 0)
+
+    def keyed() -> tuple[cr.Limit, int, int]:
+        state = {(s.kind, s.name): s for s in jobs.limits()}[("per-key", KEYED)]
+        return state.limit, state.held, state.waiting
+
+    # A host tells the limiter what it holds a moment after that changes: `wait` may answer
+    # first.
+    eventually(lambda: keyed()[1] == 0, timeout=10, what="the permits given back")
+    assert keyed() == (cr.Limit(max_concurrent=2), 0, 0)
 
     address = str(ray.get_runtime_context().gcs_address)
     listed = cli("limits", "--address", address, "--ray-namespace", RAY_NAMESPACE, "--json")
     assert listed.returncode == 0, explain(listed)
     rows = {(row["kind"], row["name"]): row for row in json.loads(listed.stdout)}
-    assert rows[("per-key", "tests.runtime.limit_jobs:KeyedCall")]["limit"]["max_concurrent"] == 2
+    assert rows[("per-key", KEYED)]["limit"]["max_concurrent"] == 2
 
 
 def test_set_limit__a_lower_named_limit_holds_within_a_second_while_the_job_runs(
