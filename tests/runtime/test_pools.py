@@ -170,19 +170,16 @@ def test_leave_if_idle__a_host_holding_a_step_stays_and_one_holding_nothing_leav
 @pytest.mark.usefixtures("free_gpus")  # both hosts placed: no earlier test's host holds a GPU
 def test_max_concurrent__holds_over_the_hosts_of_the_cluster(connect, scope, tmp_path: Path):
     """The peak over the cluster is the limit, and both hosts ran steps. Both hosts are placed
-    first (a job of 2 steps has them made: `min_hosts = 2`), so which host runs what is the
+    first (a job holds a batch on each until it is stopped), so which host runs what is the
     limiter's and the dispatch's doing, not how late an earlier test's leftovers let the second
-    host come (in slow-tier CI one host once ran all 96 steps, with no trace of why)."""
+    host come (in slow-tier CI one host once ran all 96 steps)."""
     jobs = connect()
     manager = jobs.manager(scope, "limits")
-    first = manager.start(EmbedJob, EmbedRequest(count=2, log=str(tmp_path / "first.log"),
-                                                 step_type="called"))  # fmt: skip
-    assert manager.wait(first.job_id, timeout=120).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
-    eventually(
-        lambda: [pool.hosts for pool in jobs.pools() if pool.shape == SHAPE] == [2],
-        timeout=60,
-        what="both hosts of the shape placed",
-    )
+    held = tmp_path / "held.log"
+    holding = manager.start(EmbedJob, EmbedRequest(count=16, log=str(held), wait_for_stop=True))
+    eventually(lambda: len(read_trace(held)) >= 2, timeout=60, what="a batch on each host")
+    manager.stop(holding.job_id)
+    assert manager.wait(holding.job_id, timeout=60).status is cr.JobStatus.STOPPED
     log = tmp_path / "calls.log"
     started = manager.start(EmbedJob, EmbedRequest(count=96, log=str(log), step_type="called"))
 
