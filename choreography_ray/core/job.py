@@ -120,7 +120,8 @@ class JobCore:
         self._wake = asyncio.Event()
         self._loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._begun = False
-        #: Warmed up ahead of its job (`warm`): it knows the hosts already.
+        #: Warmed up ahead of its job (`warm`): it knows the hosts already, and reads them
+        #: again once its start's first wave has answered.
         self._warm = False
 
     # -- activation ---------------------------------------------------------------------------
@@ -170,11 +171,8 @@ class JobCore:
             self.enter(Mode.AT_REST)  # no job: nothing to serve
             self._loaded.set_result(None)
             return
-        if self._warm:
-            # A spare's node table (at most minutes old) places the first steps; the table is
-            # read again beside them.
-            self.tasks.spawn("refresh hosts", self.refresh_hosts())
-        else:
+        if not self._warm:
+            # (A spare's node table, at most minutes old, places the first steps: `start`.)
             await self.refresh_hosts()
         if stopping.settled(state):
             # Activated for an operation on a job at rest: it answers, and the actor goes
@@ -269,17 +267,24 @@ class JobCore:
         """Prepares the plan, begins the first stage, then saves RUNNING once the first wave of
         start operations has answered: three turns, so reports are served in between."""
         await self.ready()
-        async with self.turns.turn("start: prepare"):
-            error = await plan_writer.prepare(self)
-            if error is not None:
-                return error
-        async with self.turns.turn("start: first stage"):
-            wave = await stage_flow.begin_first_stage(self)
-        if wave is None:
-            return None  # stopped or removed while it prepared: nothing starts
-        answers = await asyncio.gather(*wave)
-        async with self.turns.turn("start: running"):
-            return await stage_flow.first_wave_answered(self, answers)
+        try:
+            async with self.turns.turn("start: prepare"):
+                error = await plan_writer.prepare(self)
+                if error is not None:
+                    return error
+            async with self.turns.turn("start: first stage"):
+                wave = await stage_flow.begin_first_stage(self)
+            if wave is None:
+                return None  # stopped or removed while it prepared: nothing starts
+            answers = await asyncio.gather(*wave)
+            async with self.turns.turn("start: running"):
+                return await stage_flow.first_wave_answered(self, answers)
+        finally:
+            if self._warm:
+                # A spare's node table placed the first steps; it is read again now, not
+                # beside the start's own turns (a small job is done by now).
+                self._warm = False
+                self.tasks.spawn("refresh hosts", self.refresh_hosts())
 
     # -- the pump, start operations, host watches ---------------------------------------------
 

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+#: The epoch of a job's first activation: the version its first save of the record (created at
+#: version 1) writes. Every activation takes its epoch before it writes a plan.
+FIRST_EPOCH = 2
+
 
 async def prepare(a: Activation) -> StartJobError | None:
     state = a.job_state
@@ -79,8 +83,10 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
     """Reads, checks and writes the plan a chunk at a time, counting per-stage totals; the
     job record says `has_plan` only once every chunk is stored. Errors of the plan's own
     code are `PlanError`s."""
-    if await a.storage.list_starts(a.job_id, limit=1):
-        # An earlier activation's plan, never finished (no has_plan): its records go first.
+    # An earlier activation's plan, never finished (no has_plan): its records go first. The
+    # first activation of a job (the record's first save after its creation, at version 1,
+    # was its epoch) has none to look for.
+    if a.epoch > FIRST_EPOCH and await a.storage.list_starts(a.job_id, limit=1):
         await a.storage.remove_job_steps(a.job_id)
     size = a.options.plan_chunk_size
     reader = PlanReader(source)

@@ -7,12 +7,14 @@ nobody took within `SPARE_SECONDS` activates on its own, finds no record and exi
 that is gone leaves none behind; its manager takes a spare only while it is younger than half
 that. A new spare warms up before it is taken (`JobCore.warm`): it reaches storage and the first
 step hosts, and imports the job types its manager started last (`recent_types`), so its job's
-first turns do not pay for them. `Spares` is the manager's bookkeeping; it imports no Ray.
+first turns do not pay for them. `Spares` is the manager's bookkeeping; it imports no Ray (a
+spare's actor handle, kept so that a start need not look it up, is opaque here).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, NamedTuple
 
 #: Seconds a spare job actor waits for its job before it exits.
 SPARE_SECONDS = 600.0
@@ -20,34 +22,40 @@ SPARE_SECONDS = 600.0
 RECENT_TYPES = 4
 
 
+class Spare(NamedTuple):
+    job_id: str
+    #: The spare's actor handle, as its creation returned it.
+    handle: Any
+
+
 class Spares:
     def __init__(self, size: int, max_age: float) -> None:
         self.size = max(0, size)
         self.max_age = max_age
-        #: (job id, monotonic time it was created), oldest first.
-        self._ready: deque[tuple[str, float]] = deque()
+        #: (the spare, monotonic time it was created), oldest first.
+        self._ready: deque[tuple[Spare, float]] = deque()
         self.creating = 0
         self._types: deque[str] = deque(maxlen=RECENT_TYPES)
 
-    def take(self, now: float) -> str | None:
-        """The id of the oldest spare young enough to take, else None; older ones are
-        forgotten (they exit on their own)."""
+    def take(self, now: float) -> Spare | None:
+        """The oldest spare young enough to take, else None; older ones are forgotten (they
+        exit on their own)."""
         while self._ready:
-            job_id, created = self._ready.popleft()
+            spare, created = self._ready.popleft()
             if now - created < self.max_age:
-                return job_id
+                return spare
         return None
 
     def ready(self) -> list[str]:
         """The ids of the spares ready to take, oldest first."""
-        return [job_id for job_id, _created in self._ready]
+        return [spare.job_id for spare, _created in self._ready]
 
     def missing(self) -> int:
         """How many spares to create now."""
         return self.size - len(self._ready) - self.creating
 
-    def add(self, job_id: str, created: float) -> None:
-        self._ready.append((job_id, created))
+    def add(self, job_id: str, created: float, handle: Any = None) -> None:
+        self._ready.append((Spare(job_id, handle), created))
 
     def started(self, job_type: str) -> None:
         """A job of `job_type` started: the next spares import it ahead."""

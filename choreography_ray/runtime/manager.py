@@ -62,8 +62,7 @@ log = get_logger(__name__)
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
 #: Seconds between two settings of the `choreography_jobs` gauge from storage.
 JOBS_GAUGE_SECONDS = 5.0
-#: Seconds into a start at which the next spare job actor is made, if the start has not
-#: answered by then.
+#: Seconds into a start at which the next spare job actor is made.
 REFILL_SECONDS = 0.05
 #: Seconds a new spare job actor has to start and warm up (`JobCore.warm`); one that misses
 #: it is not taken (it exits on its own after `SPARE_SECONDS`).
@@ -154,7 +153,8 @@ class ManagerCore:
             raise JobOperationError(StartJobError.INVALID_REQUEST, str(error)) from None
         priority, fairness_key = self._share(cls, job_type, validated, priority)
         self.spares.started(job_type)
-        job_id = job_id or self.spares.take(time.monotonic()) or uuid.uuid4().hex
+        spare = None if job_id else self.spares.take(time.monotonic())
+        job_id = job_id or (spare.job_id if spare else uuid.uuid4().hex)
         state = JobState(
             id=job_id,
             scope=self.key.scope,
@@ -180,17 +180,14 @@ class ManagerCore:
                     self._labels(job_type),
                     WriteOperation.CREATE_JOB,
                 )
-                actor = await self.job_actor(job_id)
+                actor = spare.handle if spare else await self.job_actor(job_id)
                 # A new process starting up takes most of a core for a third of a second: the
-                # next spare is made once this start has answered, or REFILL_SECONDS into it,
-                # whichever comes first (a small job's start is not slowed; a large job's run,
-                # after its start, is not either).
-                refill = asyncio.get_running_loop().call_later(REFILL_SECONDS, self._refill_spares)
+                # next spare is made REFILL_SECONDS into this start, not during a small job's
+                # start, nor during the call its caller makes next (a `wait`).
+                asyncio.get_running_loop().call_later(REFILL_SECONDS, self._refill_spares)
                 start_error: StartJobError | None = await actor.start.remote()
         finally:
             self._starting.discard(job_id)
-        refill.cancel()
-        self._refill_spares()
         return job_id, start_error
 
     def _share(
@@ -244,7 +241,7 @@ class ManagerCore:
                         await handle.warm.remote(self.spares.recent_types())
                 finally:
                     self.spares.creating -= 1
-                self.spares.add(job_id, time.monotonic())
+                self.spares.add(job_id, time.monotonic(), handle)
 
         self.tasks.spawn("spare job actors", refill())
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from choreography_ray.core import plan_writer
+from choreography_ray.core.plan_writer import FIRST_EPOCH
 from choreography_ray.core.planning import (
     UNSIZED_WIDTH,
     Feed,
@@ -198,11 +199,15 @@ def test_plan__the_first_run_keeps_the_two_chunks_read_to_size_ids_and_reads_onl
         h = await activations.new(StreamedJob, Streamed(steps=steps), plan_chunk_size=CHUNK)
         list_starts = h.storage.list_starts
         read: list[list[str]] = []
+        probes = 0
 
         async def reading(*args: Any, **kwargs: Any) -> list[StoredStart]:
+            nonlocal probes
             page = await list_starts(*args, **kwargs)
             if kwargs.get("stage") is not None:  # the feed's reads, not the prepare's probe
                 read.append([row.step_id for row in page])
+            else:
+                probes += 1
             return page
 
         h.storage.list_starts = reading  # type: ignore[method-assign]
@@ -211,6 +216,7 @@ def test_plan__the_first_run_keeps_the_two_chunks_read_to_size_ids_and_reads_onl
         # Two chunks (8 steps) were read before the first insert: they start from memory.
         assert [page for page in read if page] == reads
         assert ran == Counter({f"{i:010d}": 1 for i in range(steps)})
+        assert probes == 0  # a first activation has no earlier activation's plan to look for
 
     activations.run(scenario)
 
@@ -305,11 +311,13 @@ def test_plan__a_partial_plan_an_earlier_activation_left_is_cleared_before_the_p
 ) -> None:
     async def scenario() -> None:
         h = await activations.new(StreamedJob, Streamed(steps=10), plan_chunk_size=CHUNK)
-        # The first chunks of an activation that died while it wrote the plan.
+        # The first chunks of an activation that died while it wrote the plan, and the next
+        # activation (its epoch a later one: the first activation has no plan to look for).
         width = UNSIZED_WIDTH
         await h.storage.insert_plan(
             h.job_id, [PlannedStep(f"{i:0{width}d}", "x:Y", 0, "{}") for i in range(8)]
         )
+        assert (await h.activate()).epoch > FIRST_EPOCH
         assert await h.c.start() is None
         assert await run_to_the_end(h) == Counter({f"{i:0{width}d}": 1 for i in range(10)})
         assert (await h.stored()).progress.successful_steps == 10

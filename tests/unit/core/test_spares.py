@@ -7,8 +7,8 @@ def test_take__the_oldest_spare_young_enough__older_ones_are_forgotten() -> None
     spares.add("young", created=5.0)
     spares.add("newest", created=8.0)
 
-    assert spares.take(now=12.0) == "young"  # "old" is 12 s old: forgotten
-    assert spares.take(now=12.0) == "newest"
+    assert spares.take(now=12.0) == ("young", None)  # "old" is 12 s old: forgotten
+    assert spares.take(now=12.0) == ("newest", None)
     assert spares.take(now=12.0) is None
 
 
@@ -17,9 +17,9 @@ def test_missing__counts_spares_ready_and_being_created() -> None:
     assert spares.missing() == 2
     spares.creating = 1
     assert spares.missing() == 1
-    spares.add("a", created=0.0)
+    spares.add("a", created=0.0, handle="handle of a")
     assert spares.missing() == 0
-    assert spares.take(now=1.0) == "a"
+    assert spares.take(now=1.0) == ("a", "handle of a")
     assert spares.missing() == 1
 
 
