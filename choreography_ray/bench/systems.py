@@ -52,8 +52,11 @@ POLL_SECONDS = 0.01
 #: Seconds between two polls of a job's record at most, once backed off.
 POLL_MAX_SECONDS = 0.1
 #: Seconds between two timed 1-step jobs: jobs started one by one, each once the jobs manager
-#: has its spare job actor ready (`spare_job_actors`), as a warm system starts them.
-LATENCY_GAP_SECONDS = 1.0
+#: has its spare job actor ready (`spare_job_actors`), as a warm system starts them. Not a
+#: multiple of the job actor's `EXIT_GRACE` (1 s): at a gap of exactly 1 s every timed start
+#: met the previous job's actor exiting (its process torn down on a 2-core machine), which a
+#: start at a random moment meets about once in a hundred (docs/benchmarks.md).
+LATENCY_GAP_SECONDS = 1.5
 #: Seconds without a change of status or progress after which a job counts as stalled: five
 #: watchdog intervals (60 s by default).
 STALL_SECONDS = 300.0
