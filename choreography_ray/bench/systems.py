@@ -55,7 +55,8 @@ POLL_MAX_SECONDS = 0.1
 #: has its spare job actor ready (`spare_job_actors`), as a warm system starts them. Not a
 #: multiple of the job actor's `EXIT_GRACE` (1 s): at a gap of exactly 1 s every timed start
 #: met the previous job's actor exiting (its process torn down on a 2-core machine), which a
-#: start at a random moment meets about once in a hundred (docs/benchmarks.md).
+#: start at a random moment meets a few times in a hundred at a job a second
+#: (docs/benchmarks.md).
 LATENCY_GAP_SECONDS = 1.5
 #: Seconds without a change of status or progress after which a job counts as stalled: five
 #: watchdog intervals (60 s by default).

@@ -218,13 +218,25 @@ class Window:
         """The steps wait to start (at the front of the line: before those waiting already).
         A step already in the table keeps its `retry`."""
         starts = list(starts)
+        runs, queues, queued = self.runs, self._queues, self._queued
+        fresh = 0
         for start in starts:
-            old = self.runs.get(start.step_id)
-            if old is not None and old.start is start and old.state is RunState.HELD:
-                self._move(old, RunState.QUEUED)  # a held stage beginning: the hot path
-                self._queues.setdefault(start.type, deque()).append(old)
+            old = runs.get(start.step_id)
+            if old is None:
+                # A step not in the table (the feed's pages): the hot path, counted below.
+                run = runs[start.step_id] = StepRun(start, RunState.QUEUED)
+                line = queues.get(start.type)
+                if line is None:
+                    line = queues[start.type] = deque()
+                line.append(run)
+                queued[start.type] += 1
+                fresh += 1
+            elif old.start is start and old.state is RunState.HELD:
+                self._move(old, RunState.QUEUED)  # a held stage beginning
+                queues.setdefault(start.type, deque()).append(old)
             else:
-                self._put(start, RunState.QUEUED, retry=old is not None and old.retry)
+                self._put(start, RunState.QUEUED, retry=old.retry)
+        self._count[RunState.QUEUED] += fresh
         if front:
             # The new rows are the last of their lines: move them to the fronts.
             moved: dict[str, int] = Counter(start.type for start in starts)
@@ -269,6 +281,7 @@ class Window:
             self.options.step_batch_size,
         )
         batch: list[StepStart] = []
+        runs, queued, starting = self.runs, RunState.QUEUED, RunState.STARTING
         for step_type, line in list(self._queues.items()):
             if len(batch) >= room:
                 break
@@ -276,37 +289,51 @@ class Window:
             taken = 0
             while line and taken < take:
                 run = line.popleft()
-                if self._is_current(run, RunState.QUEUED):
-                    self._move(run, RunState.STARTING)
+                if runs.get(run.start.step_id) is run and run.state is queued:
+                    # QUEUED and STARTING on no host yet (`started` names it): no host's load
+                    # changes; the states are counted below, for the whole batch.
+                    run.state = starting
                     batch.append(run.start)
                     taken += 1
+            self._queued[step_type] -= taken
             if not line:
                 del self._queues[step_type]
+        self._count[queued] -= len(batch)
+        self._count[starting] += len(batch)
         return batch
 
     def started(self, batch: Iterable[StepStart], host: str) -> None:
         """The batch is STARTING on `host` and counts against the throttle until answered."""
+        taken = 0
         for start in batch:
             run = self.runs.get(start.step_id)
             if run is not None and run.start is start and run.state is RunState.STARTING:
-                run.host = host  # taken by `next_batch`: the hot path
-                self._tally(run, 1)
+                run.host = host  # taken by `next_batch` (on no host): the hot path
+                taken += 1
             else:
                 self._put(start, RunState.STARTING, host, run is not None and run.retry)
+        if taken and host:
+            self._load[host] += taken
 
     def answered(self, batch: list[StepStart], ok: bool) -> None:
         """A start operation came back: its steps still STARTING at the same attempt are
         ACTIVE (a host took a retry: the attempt reports its own outcome from now on), or,
         when it threw, START_FAILED."""
+        runs, starting, active = self.runs, RunState.STARTING, RunState.ACTIVE
+        moved = 0
         for start in batch:
-            run = self.runs.get(start.step_id)
-            if run is None or run.state is not RunState.STARTING or run.start != start:
+            run = runs.get(start.step_id)
+            if run is None or run.state is not starting or run.start != start:
                 continue
             if ok:
-                self._move(run, RunState.ACTIVE)
+                # STARTING and ACTIVE on the same host: its load is the same (counted below).
+                run.state = active
                 run.retry = False
+                moved += 1
             else:
                 self._move(run, RunState.START_FAILED)
+        self._count[starting] -= moved
+        self._count[active] += moved
 
     def adopt(self, start: StepStart, host: str) -> None:
         """The step runs on `host` (found there, or its outcome is stored): ACTIVE."""
@@ -317,8 +344,17 @@ class Window:
         run = self.runs.get(step_id)
         if run is None or run.state not in IN_FLIGHT or run.start.attempt != attempt:
             return None
-        self._drop(step_id)
-        return run.start, run.host
+        # `_drop`, for an in-flight run (the hot path: every outcome counted).
+        del self.runs[step_id]
+        self._count[run.state] -= 1
+        host = run.host
+        if host:
+            left = self._load[host] - 1
+            if left:
+                self._load[host] = left
+            else:
+                del self._load[host]
+        return run.start, host
 
     def forget(self, step_ids: Iterable[str]) -> None:
         for step_id in step_ids:

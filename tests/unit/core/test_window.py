@@ -3,10 +3,14 @@ window and the throttle counted from it, retries waiting for their delay."""
 
 from __future__ import annotations
 
+import math
+import random
+from collections import Counter
+
 import pytest
 
 from choreography_ray.core.messages import StepStart
-from choreography_ray.core.window import RunState, Window
+from choreography_ray.core.window import IN_FLIGHT, RunState, Window
 from choreography_ray.options import JobsOptions
 
 pytestmark = pytest.mark.timeout(10)
@@ -107,3 +111,64 @@ def test_window__a_host_gone_with_leases_on_leaves_its_steps_in_flight_with_no_o
     assert states(w) == {"a": RunState.OWNER_LOST}
     assert w.in_flight() == 1
     assert w.take("a", 1) == (start("a"), "host-0")
+
+
+def recounted(w: Window) -> tuple[Counter[RunState], Counter[str], Counter[str]]:
+    """The counts the window keeps, computed again from its table."""
+    runs = list(w.runs.values())
+    return (
+        Counter(run.state for run in runs),
+        Counter(run.start.type for run in runs if run.state is RunState.QUEUED),
+        Counter(run.host for run in runs if run.host and run.state in IN_FLIGHT),
+    )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_window__its_counts_are_always_those_of_its_table(seed: int) -> None:
+    """Random operations, the hot paths' counts kept by batch among them: after each, the
+    per-state, per-type and per-host counts are what the table holds."""
+    rng = random.Random(seed)
+    w = window(max_active_steps_per_job=40, max_concurrent_step_starts=25, step_batch_size=8)
+    ids = iter(range(10**6))
+    pending: list[tuple[list[StepStart], str]] = []
+    kinds = ["a:A", "b:B"]
+
+    def new(n: int) -> list[StepStart]:
+        return [StepStart(f"{next(ids):06d}", rng.choice(kinds), 0, 1, "{}") for _ in range(n)]
+
+    for _ in range(400):
+        op = rng.randrange(9)
+        if op == 0:
+            w.queue(new(rng.randint(1, 10)), front=rng.random() < 0.2)
+        elif op == 1:
+            batch = w.next_batch(lambda _type: rng.choice([0, 3, math.inf]))
+            if batch:
+                pending.append((batch, rng.choice(["h0", "h1", "h2"])))
+                w.started(*pending[-1])
+        elif op == 2 and pending:
+            batch, _host = pending.pop(rng.randrange(len(pending)))
+            w.answered(batch, ok=rng.random() < 0.8)
+        elif op == 3 and w.runs:
+            run = rng.choice(list(w.runs.values()))
+            w.take(run.start.step_id, run.start.attempt)
+        elif op == 4 and w.runs:
+            run = rng.choice(list(w.runs.values()))
+            if run.state in IN_FLIGHT and w.take(run.start.step_id, run.start.attempt):
+                w.wait_retry(run.start, rng.choice([0.0, 60.0]))
+        elif op == 5:
+            w.retry_due()
+            w.queue(w.failed_starts())
+        elif op == 6:
+            w.lose_owner(rng.sample(sorted(w.runs), min(3, len(w.runs))))
+        elif op == 7:
+            stage = rng.randrange(3)
+            if rng.random() < 0.5:
+                w.hold(stage, new(rng.randint(1, 5)))
+            else:
+                w.queue(w.release(stage) or [])
+        elif op == 8 and rng.random() < 0.1:
+            w.never_started()
+        counts, queued, load = recounted(w)
+        assert +w._count == counts
+        assert +w._queued == queued
+        assert +w._load == load
