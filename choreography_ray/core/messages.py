@@ -76,12 +76,13 @@ def outcomes_to_wire(outcomes: Iterable[Outcome]) -> bytes:
 
 
 def outcomes_from_wire(wire: bytes | Iterable[OutcomeWire]) -> list[Outcome]:
-    new = tuple.__new__
-    outcomes = []
-    for step_id, attempt, status, message, *rest in _unpack(wire):
-        fields = (step_id, attempt, _STATUSES[status], message, rest[0] if rest else None)
-        outcomes.append(new(Outcome, (*fields, None)))  # no output: a host stores, never delivers
-    return outcomes
+    new, statuses = tuple.__new__, _STATUSES
+    # No output: a host stores it, never delivers it. A wire of an earlier release has no
+    # signature (4 fields).
+    return [
+        new(Outcome, (w[0], w[1], statuses[w[2]], w[3], w[4] if len(w) > 4 else None, None))
+        for w in _unpack(wire)
+    ]
 
 
 def _pack(tuples: list[tuple[object, ...]]) -> bytes:
