@@ -148,6 +148,17 @@ COMBINED = {
     "kill_job_actor_and_host": ("kill_job_actor", "kill_host_sigkill"),
 }
 
+#: A job that keeps counting steps after the last fault settles within this many times the
+#: profile's `settle_timeout` (each third of it without progress ends the wait sooner).
+SETTLE_CAP = 3
+
+
+def run_deadline(profile: Profile) -> int:
+    """Seconds a run may take: the profile's deadline, and the longer wait of jobs that keep
+    counting steps (`SETTLE_CAP`)."""
+    return int(profile.deadline + (SETTLE_CAP - 1) * profile.settle_timeout)
+
+
 #: The pool faults' weights in the `pool` profile (faults.POOL_FAULTS).
 POOL_WEIGHTS = {"kill_pool_host": 5.0, "remove_gpu_node": 3.5, "unplaceable_pool": 3.0}
 
@@ -781,19 +792,31 @@ def _execute(
         for job_id, expectation in expectations.items():
             if expectation.remove_unsure and invariants.untouched_by_remove(_state(world, job_id)):
                 expectation.removed = False
-        deadline = time.monotonic() + shape.settle_timeout
+        # A job still counting steps is slow, not stuck (with its deliveries dropped, its
+        # watchdog settles a window of outcomes a tick): its bound runs from its last progress,
+        # up to SETTLE_CAP times the bound after the last fault.
+        began_settling = time.monotonic()
+        cap = began_settling + SETTLE_CAP * shape.settle_timeout
+        deadline = began_settling + shape.settle_timeout
+        counted = -1
         while True:
             look()
             waiting = [j for j in job_ids if not expectations[j].satisfied_by(states[j])]
-            if not waiting or time.monotonic() > deadline:
+            now = time.monotonic()
+            if (done := sum(progress[j][-1][1] for j in waiting)) != counted:
+                counted, deadline = done, max(deadline, now + shape.settle_timeout / 3)
+            if not waiting or now > min(deadline, cap):
                 break
             time.sleep(0.3)
+        waited = f"{time.monotonic() - began_settling:.0f} s after the last fault" + (
+            " (still counting steps)" if time.monotonic() > cap else ""
+        )
         beside = [f"{f.started} since +{f.at:.1f}s" for f in result.faults if f.started]
         for job_id in waiting:
             result.violate(
                 "not_settled",
                 job_id,
-                f"still {states[job_id]} {shape.settle_timeout:.0f} s after the last fault "
+                f"still {states[job_id]} {waited} "
                 f"(expected {expectations[job_id].describe()})"
                 + (f"; an unplaceable job ran beside it: {', '.join(beside)}" if beside else ""),
             )
@@ -928,7 +951,7 @@ def run_seed(
     run_dir = RUNS_DIR / f"{name}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    deadline = PROFILES[profile].deadline
+    deadline = run_deadline(PROFILES[profile])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"}
     env.pop("CHAOS_RUN_DIR", None)
     driver_log = run_dir / "driver.log"
@@ -982,7 +1005,7 @@ def run_seed(
 
 def _child(seed: int, profile: str, run_dir: Path, storage: str) -> None:
     plan = plan_run(seed, profile, storage)
-    deadline = PROFILES[profile].deadline
+    deadline = run_deadline(PROFILES[profile])
 
     def on_deadline(*_: Any) -> None:
         raise TimeoutError(f"chaos run of seed {seed} still running after {deadline} s")

@@ -24,12 +24,12 @@ import pytest
 import choreography_ray as cr
 from tests.chaos import invariants
 from tests.chaos.faults import KINDS, MONGODB_FAULTS, POOL_FAULTS, STOP_FAULTS
-from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_seed
+from tests.chaos.harness import PROFILES, RunResult, describe, plan_run, run_deadline, run_seed
 
 #: Seconds one seed may take: the run's own deadline, and its cluster's shutdown. One xdist
 #: worker runs the whole module: one chaos cluster at a time on the machine.
 pytestmark = [
-    pytest.mark.timeout(max(p.deadline for p in PROFILES.values()) + 120),
+    pytest.mark.timeout(max(run_deadline(p) for p in PROFILES.values()) + 120),
     pytest.mark.xdist_group("chaos"),
 ]
 
@@ -345,7 +345,7 @@ def test_checker__an_unplaceable_job_that_ran_had_a_host_or_is_not_stopped_is_a_
 OPEN_DEFECTS: dict[int, str] = {}
 
 
-@pytest.mark.timeout(PROFILES["soak"].deadline + 120)
+@pytest.mark.timeout(run_deadline(PROFILES["soak"]) + 120)
 @pytest.mark.parametrize("seed", seeds("soak", SOAK_REGRESSIONS, OPEN_DEFECTS))
 def test_chaos_soak_regression__every_invariant_holds(seed: int) -> None:
     run_checked(seed, "soak")
