@@ -23,8 +23,17 @@ from tests.support import RAY_NAMESPACE, eventually, read_trace
 SHAPE = "num_gpus=1"
 
 
+@pytest.mark.usefixtures("free_gpus")  # both hosts placed: no earlier test's host holds a GPU
 def test_pool__batches_on_gpu_shaped_hosts_each_set_up_once(connect, scope, tmp_path: Path):
+    """Both hosts are placed first (a job holds a batch on each until it is stopped): a job of
+    200 quick steps can end before a second host Ray places in a second or so takes part
+    (one fresh-clone CI run had one host run all 25 batches)."""
     manager = connect().manager(scope, "pools")
+    held = tmp_path / "held.log"
+    holding = manager.start(EmbedJob, EmbedRequest(count=16, log=str(held), wait_for_stop=True))
+    eventually(lambda: len(read_trace(held)) >= 2, timeout=60, what="a batch on each host")
+    manager.stop(holding.job_id)
+    assert manager.wait(holding.job_id, timeout=60).status is cr.JobStatus.STOPPED
     log = tmp_path / "batches.log"
     started = manager.start(EmbedJob, EmbedRequest(count=200, log=str(log)))
 
@@ -39,8 +48,7 @@ def test_pool__batches_on_gpu_shaped_hosts_each_set_up_once(connect, scope, tmp_
     by_host = defaultdict(list)
     for batch in batches:
         by_host[(batch["actor"], batch["pid"])].append(batch)
-    # The hosts of the node took a share each (the first one placed starts alone, a round at
-    # a time until the other is placed), each reserving a GPU of its own.
+    # The hosts of the node took a share each, each reserving a GPU of its own.
     assert {actor for actor, _ in by_host} == {f"pool/{SHAPE}/{node}/0", f"pool/{SHAPE}/{node}/1"}
     gpus = {tuple(batch["gpus"]) for batch in batches}
     assert len(gpus) == 2 and all(len(ids) == 1 for ids in gpus)
