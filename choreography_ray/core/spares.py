@@ -54,7 +54,7 @@ class Spares:
         """How many spares to create now."""
         return self.size - len(self._ready) - self.creating
 
-    def add(self, job_id: str, created: float, handle: Any = None) -> None:
+    def add(self, job_id: str, created: float, handle: Any) -> None:
         self._ready.append((Spare(job_id, handle), created))
 
     def started(self, job_type: str) -> None:

@@ -344,17 +344,8 @@ class Window:
         run = self.runs.get(step_id)
         if run is None or run.state not in IN_FLIGHT or run.start.attempt != attempt:
             return None
-        # `_drop`, for an in-flight run (the hot path: every outcome counted).
-        del self.runs[step_id]
-        self._count[run.state] -= 1
-        host = run.host
-        if host:
-            left = self._load[host] - 1
-            if left:
-                self._load[host] = left
-            else:
-                del self._load[host]
-        return run.start, host
+        self._drop(step_id)
+        return run.start, run.host
 
     def forget(self, step_ids: Iterable[str]) -> None:
         for step_id in step_ids:

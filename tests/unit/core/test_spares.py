@@ -3,9 +3,9 @@ from choreography_ray.core.spares import Spares
 
 def test_take__the_oldest_spare_young_enough__older_ones_are_forgotten() -> None:
     spares = Spares(size=3, max_age=10.0)
-    spares.add("old", created=0.0)
-    spares.add("young", created=5.0)
-    spares.add("newest", created=8.0)
+    spares.add("old", created=0.0, handle=None)
+    spares.add("young", created=5.0, handle=None)
+    spares.add("newest", created=8.0, handle=None)
 
     assert spares.take(now=12.0) == ("young", None)  # "old" is 12 s old: forgotten
     assert spares.take(now=12.0) == ("newest", None)
