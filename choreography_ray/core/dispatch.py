@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from choreography_ray.core import (
@@ -39,16 +40,22 @@ def startable(
     a: Activation, starts: list[StepStart]
 ) -> tuple[list[StepStart], list[tuple[StepStart, str]]]:
     """The steps whose type loads, and the others with the reason."""
-    good: list[StepStart] = []
-    cannot: list[tuple[StepStart, str]] = []
-    for start in starts:
+    reasons = unloadable(a, {start.type for start in starts})
+    if not reasons:
+        return starts, []
+    good = [start for start in starts if start.type not in reasons]
+    return good, [(start, reasons[start.type]) for start in starts if start.type in reasons]
+
+
+def unloadable(a: Activation, step_types: Iterable[str]) -> dict[str, str]:
+    """The step types that do not load, each with the reason."""
+    reasons: dict[str, str] = {}
+    for step_type in step_types:
         try:
-            placement(a, start.type)
+            placement(a, step_type)
         except Exception as error:
-            cannot.append((start, describe(error)))
-        else:
-            good.append(start)
-    return good, cannot
+            reasons[step_type] = describe(error)
+    return reasons
 
 
 async def fill(a: Activation) -> list[asyncio.Future[bool]]:

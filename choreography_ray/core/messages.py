@@ -63,7 +63,13 @@ def failed(
 
 
 def starts_to_wire(starts: Iterable[StepStart]) -> bytes:
-    return _pack([tuple(s) for s in starts])
+    """Equal types and requests go as one string each: pickle writes an object it has written
+    once as a reference. Steps read back from storage hold a string each, and a batch of 1,024
+    steps of one type and request was 103 KB (above Ray's 100 KiB for an argument passed
+    inline: it went through the object store), and 21 KB so."""
+    same: dict[str, str] = {}
+    one = same.setdefault
+    return _pack([(s[0], one(s[1], s[1]), s[2], s[3], one(s[4], s[4])) for s in starts])
 
 
 def starts_from_wire(wire: bytes | Iterable[StartWire]) -> list[StepStart]:

@@ -19,7 +19,6 @@ from choreography_ray.core.planning import (
     Feed,
     PlanError,
     PlanReader,
-    first_run,
     id_width,
     plan_records,
     plan_source,
@@ -149,9 +148,8 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
     except BaseException:
         a.stages = before
         raise
-    a.window.hold(stage, first_run(kept, stage))
     # A plan that ended within the kept chunks is whole in memory: nothing to read.
-    a.feed = Feed(stage, after=kept[-1].step_id if kept else None, done=offset == len(kept))
+    a.feed = Feed.first_run(stage, kept, done=offset == len(kept))
 
 
 async def skip_checkpointed(

@@ -5,20 +5,22 @@ awaitable of one of those. The plan is read `JobsOptions.plan_chunk_size` steps 
 time: each chunk is checked (every item a `StepSpec`), given its step ids, written (in pieces of
 `PLAN_WRITE`, each while the next is built) and counted into per-stage totals, and let go;
 nothing holds the whole plan. The chunks read before the first insert (at most two: see below)
-are kept for the first run's first stage, so that it reads back only what comes after them.
+are kept for the first run's first stage: its feed hands them out before it reads storage, which
+it reads only after them.
 
 A step id is the step's position in the plan, zero-padded: to `max(6, digits of the length)`
 when the length is known before the plan is read (a list, any sized collection, or a plan that
 ends within its first chunk), else to `UNSIZED_WIDTH` digits, so that ids sort as positions do.
 
-Once the plan is stored, the window is fed from storage (`Feed`): the running stage's
-unfinished steps in step-id order, a page at a time (`feed_page`: at most `FEED_PAGE`), the
-next page read once fewer than a page of steps wait to start.
+Once the plan is stored, the window is fed (`Feed`): the running stage's unfinished steps in
+step-id order, a page at a time (`feed_page`: at most `FEED_PAGE`), the next page taken once fewer
+than a page of steps wait to start; the steps kept in memory first, then storage's.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections import deque
 from collections.abc import AsyncIterable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,26 +117,40 @@ def plan_records(specs: list[StepSpec], offset: int, width: int) -> list[Planned
     return records
 
 
-def first_run(records: list[PlannedStep], stage: int) -> list[StepStart]:
-    """The steps of `stage` among the kept records, as the first run starts them."""
-    new = tuple.__new__
-    return [
-        new(StepStart, (r.step_id, r.type, r.stage, 1, r.request_json))
-        for r in records
-        if r.stage == stage
-    ]
-
-
 @dataclass(slots=True)
 class Feed:
-    """The running stage's unfinished steps not yet handed to the window, read from storage a
-    page at a time in step-id order, each once (`after` is the last id read). `skip`: steps
-    of the stage this activation holds already (adopted, or queued to run first)."""
+    """The running stage's unfinished steps not yet handed to the window, each once: those kept
+    in memory (`ahead`), then storage's from `after` (the last id read) in step-id order, a page
+    at a time until `done`. `skip`: steps of the stage this activation holds already (adopted,
+    or queued to run first)."""
 
     stage: int
     after: str | None = None
     done: bool = False
     skip: set[str] = field(default_factory=set)
+    #: The stage's records of a first run's kept chunks, each step's first attempt: handed out
+    #: a page at a time (a plan of 100,000 steps is not all put in the window before it runs).
+    ahead: deque[PlannedStep] = field(default_factory=deque)
+
+    @classmethod
+    def first_run(cls, stage: int, kept: list[PlannedStep], done: bool) -> Feed:
+        """The first stage's feed after a plan is written: `kept` first, then storage after
+        them (`done`: the plan is all kept)."""
+        ahead = deque(r for r in kept if r.stage == stage)
+        return cls(stage, after=kept[-1].step_id if kept else None, done=done, ahead=ahead)
+
+    @property
+    def empty(self) -> bool:
+        """Every step is handed out: nothing ahead, nothing left in storage."""
+        return self.done and not self.ahead
+
+    def take_ahead(self, limit: int) -> list[StepStart]:
+        """The next `limit` steps kept in memory, out of `ahead`."""
+        new, pop = tuple.__new__, self.ahead.popleft
+        return [
+            new(StepStart, (r.step_id, r.type, r.stage, 1, r.request_json))
+            for r in (pop() for _ in range(min(limit, len(self.ahead))))
+        ]
 
     def take(self, page: list[StoredStart], limit: int) -> list[StepStart]:
         """A page read at `after`: the steps to start, each at its stored attempt (a stopped

@@ -131,7 +131,13 @@ async def begin_stage(
         counter.is_started = was_started
         raise
     starts = a.window.release(stage)
-    if starts is None:
+    feed = a.feed
+    if starts is None and feed is not None and feed.stage == stage:
+        # A first run's feed: nothing is stored running. Its steps in memory enter the window
+        # a page at a time, unless a type of theirs does not load (they fail at once, below).
+        bad = dispatch.unloadable(a, {record.type for record in feed.ahead})
+        starts = feed.take_ahead(len(feed.ahead)) if bad else []
+    elif starts is None:
         starts = await adopt_stage(a, stage)
     # Steps whose type cannot be loaded fail to start, the whole stage at once: what
     # `start` answers covers the first stage, not only its first wave.
@@ -180,20 +186,29 @@ def adopt(a: Activation, rows: list[StoredStart], host_of: dict[str, str]) -> li
 
 
 async def refill(a: Activation) -> None:
-    """The running stage's next page of steps from storage, once few wait to start."""
+    """The running stage's next page of steps, once few wait to start; none before the stage
+    begins (its admission is asked first)."""
     feed = a.feed
-    if feed is None or feed.done or a.window.count(RunState.QUEUED) >= a.page:
+    if feed is None or feed.empty or a.window.count(RunState.QUEUED) >= a.page:
         return
-    if feed.stage != a.job_state.stage:
+    counter = a.stages.counters.get(feed.stage)
+    if feed.stage != a.job_state.stage or counter is None or not counter.is_started:
         return
+    starts, cannot = dispatch.startable(a, await next_page(a, feed))
+    a.window.queue(starts)
+    if cannot:
+        await dispatch.cannot_start(a, cannot)
+
+
+async def next_page(a: Activation, feed: Feed) -> list[StepStart]:
+    """The feed's next page: its steps kept in memory first, then storage's."""
+    if feed.ahead:
+        return feed.take_ahead(a.page)
     page = await a.storage.list_starts(
         a.job_id, statuses=FEED_STATUSES, stage=feed.stage, after=feed.after,
         limit=a.page,
     )  # fmt: skip
-    starts, cannot = dispatch.startable(a, feed.take(page, a.page))
-    a.window.queue(starts)
-    if cannot:
-        await dispatch.cannot_start(a, cannot)
+    return feed.take(page, a.page)
 
 
 async def stage_done(a: Activation, stage: int) -> None:
@@ -292,7 +307,7 @@ def idle(a: Activation) -> bool:
 def fed(a: Activation) -> bool:
     """The feed has no more steps of the running stage to read."""
     feed = a.feed
-    return feed is None or feed.done or feed.stage != a.job_state.stage
+    return feed is None or feed.empty or feed.stage != a.job_state.stage
 
 
 async def restart_orphans(a: Activation, stage: int) -> None:

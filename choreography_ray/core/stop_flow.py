@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from choreography_ray.core import host_watch, job_record, settling, stage_flow, stopping
 from choreography_ray.core.messages import StepStart
 from choreography_ray.core.mode import STOPPING, Act, Mode, Op, act
-from choreography_ray.core.planning import FEED_STATUSES
 from choreography_ray.core.stages import stored_running
 from choreography_ray.core.watchdog import stored_outcome
 from choreography_ray.core.window import RUNNING, WAITING, RunState
@@ -231,12 +230,8 @@ async def stop_unread(a: Activation) -> tuple[int, int]:
     if feed is None or counter is None or feed.stage != a.job_state.stage:
         return 0, 0
     counted = read = 0
-    while not feed.done:
-        page = await a.storage.list_starts(
-            a.job_id, statuses=FEED_STATUSES, stage=feed.stage, after=feed.after,
-            limit=a.page,
-        )  # fmt: skip
-        for start in feed.take(page, a.page):
+    while not feed.empty:
+        for start in await stage_flow.next_page(a, feed):
             if start.step_id in a.window.runs:
                 continue
             read += 1

@@ -4,8 +4,8 @@ host, and when.
 Every step the activation holds is one row of one table (`Window.runs`, keyed by step id), in
 exactly one state:
 
-    HELD          read before its stage begins (a first run's first chunk, the steps a resume
-                  found running nowhere while its hook is owed): queued when the stage begins
+    HELD          read before its stage begins (the steps a resume found running nowhere while
+                  its hook is owed): queued when the stage begins
     QUEUED        waits for the window and the throttle, in order
     STARTING      taken for a start operation not answered yet (it counts against both)
     ACTIVE        its host took it, or it was found running there: it reports its outcome
@@ -204,7 +204,17 @@ class Window:
 
     def hold(self, stage: int, starts: Iterable[StepStart]) -> None:
         """The stage's steps read before it begins: HELD until `release`."""
-        self._held[stage] = [self._put(start, RunState.HELD) for start in starts]
+        runs, held, fresh = self.runs, list[StepRun](), 0
+        for start in starts:
+            if start.step_id in runs:
+                held.append(self._put(start, RunState.HELD))
+            else:
+                # Not in the table: counted below. A HELD run is on no host and in no line.
+                run = runs[start.step_id] = StepRun(start, RunState.HELD)
+                held.append(run)
+                fresh += 1
+        self._count[RunState.HELD] += fresh
+        self._held[stage] = held
 
     def release(self, stage: int) -> list[StepStart] | None:
         """The stage's HELD steps, still HELD (`queue` takes them on; a skipped stage's are
@@ -219,24 +229,27 @@ class Window:
         A step already in the table keeps its `retry`."""
         starts = list(starts)
         runs, queues, queued = self.runs, self._queues, self._queued
-        fresh = 0
+        fresh = released = 0
         for start in starts:
             old = runs.get(start.step_id)
+            # The hot paths, counted below: a step not in the table (the feed's pages), and
+            # a held stage beginning (HELD and QUEUED: on no host).
             if old is None:
-                # A step not in the table (the feed's pages): the hot path, counted below.
                 run = runs[start.step_id] = StepRun(start, RunState.QUEUED)
-                line = queues.get(start.type)
-                if line is None:
-                    line = queues[start.type] = deque()
-                line.append(run)
-                queued[start.type] += 1
                 fresh += 1
             elif old.start is start and old.state is RunState.HELD:
-                self._move(old, RunState.QUEUED)  # a held stage beginning
-                queues.setdefault(start.type, deque()).append(old)
+                run, run.state = old, RunState.QUEUED
+                released += 1
             else:
                 self._put(start, RunState.QUEUED, retry=old.retry)
-        self._count[RunState.QUEUED] += fresh
+                continue
+            line = queues.get(start.type)
+            if line is None:
+                line = queues[start.type] = deque()
+            line.append(run)
+            queued[start.type] += 1
+        self._count[RunState.HELD] -= released
+        self._count[RunState.QUEUED] += fresh + released
         if front:
             # The new rows are the last of their lines: move them to the fronts.
             moved: dict[str, int] = Counter(start.type for start in starts)

@@ -23,12 +23,15 @@ raises `StorageUnavailableError`, any other sqlite3 error `StorageError`.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import repeat
+from itertools import islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -132,6 +135,15 @@ _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, up
     failure_signature = ?8
     WHERE job_id = ?6 AND step_id = ?7 AND attempt <= ?2"""
 _SIGNATURE_INDEX = "job_steps_job_signature"
+#: A job's stages in order, one seek of the (job_id, stage, status) index each.
+_STAGES = """WITH RECURSIVE s(stage) AS (
+        SELECT MIN(stage) FROM job_steps WHERE job_id = ?1
+        UNION ALL
+        SELECT (SELECT MIN(stage) FROM job_steps WHERE job_id = ?1 AND stage > s.stage) FROM s
+        WHERE s.stage IS NOT NULL)
+    SELECT stage FROM s WHERE stage IS NOT NULL"""
+#: Index ranges merged by one statement, at most (SQLite allows 500 terms of a compound).
+_RANGES_PER_READ = 250
 #: A job's failures by signature, through the signature index (partial: failed steps only),
 #: most frequent first; the example is the cluster's first step by id, its record read by key.
 _CLUSTERS = """SELECT g.*, (SELECT status_changes FROM job_steps AS e
@@ -288,11 +300,8 @@ class SqliteStorage:
     ) -> list[StepState]:
         # A read-only file of an older release may lack the index (or read job_steps through a
         # shadow view): the planner then chooses, slower on a large job but right.
-        page = _steps_page(job_id, statuses, stage, after, limit, named=not self.read_only)
-        if page is None:
-            return []
-        sql, args = page
-        return [_step(row) for row in await self._query(sql, *args)]
+        read = _PageRead(job_id, statuses, stage, after, limit, not self.read_only)
+        return [_step(row) for row in await self._run(read.rows)]
 
     async def list_starts(
         self,
@@ -303,17 +312,13 @@ class SqliteStorage:
         after: str | None = None,
         limit: int = 1000,
     ) -> list[StoredStart]:
-        page: tuple[str, list[object]] | None
         if statuses is not None and StepStatus.SCHEDULED in statuses:
-            page = _plan_page(job_id, statuses, stage, after, limit)
+            sql, args = _plan_page(job_id, statuses, stage, after, limit)
+            rows = await self._query(sql, *args)
         else:
-            page = _steps_page(
-                job_id, statuses, stage, after, limit, not self.read_only, _START_SELECT
-            )
-        if page is None:
-            return []
-        sql, args = page
-        return [_start(row) for row in await self._query(sql, *args)]
+            read = _PageRead(job_id, statuses, stage, after, limit, not self.read_only, True)
+            rows = await self._run(read.rows)
+        return [_start(row) for row in rows]
 
     async def list_failed(
         self, job_id: str, signature: str, *, after: str | None = None, limit: int = 1000
@@ -566,45 +571,71 @@ def _without_counted(job: JobState, *, version: int) -> JobState:
     )
 
 
-def _steps_page(
-    job_id: str,
-    statuses: Collection[StepStatus] | None,
-    stage: int | None,
-    after: str | None,
-    limit: int,
-    named: bool = True,
-    select: str = _STEP_SELECT,
-) -> tuple[str, list[object]] | None:
-    """The query of a `list_steps` page, None when it can match nothing; `named`: the status
-    index is named (`INDEXED BY`)."""
-    args: list[object] = [job_id]
-    where = "job_id = ?"
-    if stage is not None:
-        where, args = f"{where} AND stage = ?", [*args, stage]
-    if after is not None:
-        where, args = f"{where} AND step_id > ?", [*args, after]
-    if statuses is None and stage is None:
-        return f"{select} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
-    # One index range per status, each in step-id order already (the indexes end in the key),
-    # merged: a page costs O(statuses * limit) however many steps the job has. The index is
-    # named: without `after`, SQLite's planner (no statistics) prefers the primary key for
-    # its step-id order and scans every step of the job for a status that few or none have.
-    wanted = sorted(set(StepStatus if statuses is None else statuses))
-    if not wanted:
-        return None
-    index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
-    hint = f" INDEXED BY {index}" if named else ""
-    branch = f"SELECT * FROM ({select}{hint} WHERE {where} AND status = ? "
-    branch += "ORDER BY step_id LIMIT ?)"
-    sql = " UNION ALL ".join([branch] * len(wanted)) + " ORDER BY step_id LIMIT ?"
-    return sql, [*(a for status in wanted for a in (*args, status, limit)), limit]
+@dataclass(frozen=True)
+class _PageRead:
+    """A `list_steps` page (`starts`: a `list_starts` page), read on the connection's thread.
+
+    Without statuses: the primary key's range. With statuses: one range of the (job_id, stage,
+    status) index per stage and status, each in step-id order already (the index ends in the
+    key), merged: a page costs O(stages * statuses * limit) however many steps the job has.
+    Across stages, the job's stages are read first (a seek each). There is no (job_id, status)
+    index: every plan insert and outcome would write it, for the rare read across stages."""
+
+    job_id: str
+    statuses: Collection[StepStatus] | None
+    stage: int | None
+    after: str | None
+    limit: int
+    #: The index is named (`INDEXED BY`): without `after`, SQLite's planner (no statistics)
+    #: prefers the primary key for its step-id order, and scans every step of the job for a
+    #: status that few or none have.
+    named: bool = True
+    starts: bool = False
+
+    def rows(self, c: sqlite3.Connection) -> list[Any]:
+        if self.statuses is None and self.stage is None:
+            sql, args = self.where()
+            return c.execute(f"{sql} ORDER BY step_id LIMIT ?", [*args, self.limit]).fetchall()
+        stages = [self.stage] if self.stage is not None else [
+            stage for (stage,) in c.execute(_STAGES, (self.job_id,))
+        ]  # fmt: skip
+        wanted = sorted(set(StepStatus if self.statuses is None else self.statuses))
+        ranges = [(stage, status) for stage in stages for status in wanted]
+        pages = [
+            c.execute(*self.merged(ranges[first : first + _RANGES_PER_READ])).fetchall()
+            for first in range(0, len(ranges), _RANGES_PER_READ)
+        ]
+        if len(pages) <= 1:
+            return pages[0] if pages else []
+        at = 0 if self.starts else 1  # the step id's column
+        return list(islice(heapq.merge(*pages, key=itemgetter(at)), self.limit))
+
+    def where(self, stage: int | None = None) -> tuple[str, list[Any]]:
+        select = _START_SELECT if self.starts else _STEP_SELECT
+        where = "job_id = ?"
+        args: list[Any] = [self.job_id]
+        if stage is not None:
+            where, args = f"{where} AND stage = ?", [*args, stage]
+        if self.after is not None:
+            where, args = f"{where} AND step_id > ?", [*args, self.after]
+        hint = " INDEXED BY job_steps_job_stage_status" if stage is not None and self.named else ""
+        return f"{select}{hint} WHERE {where}", args
+
+    def merged(self, ranges: list[tuple[int, StepStatus]]) -> tuple[str, list[object]]:
+        """One statement of `ranges` (stage, status), merged in step-id order."""
+        branches, args = [], list[object]()
+        for stage, status in ranges:
+            sql, where_args = self.where(stage)
+            branches.append(f"SELECT * FROM ({sql} AND status = ? ORDER BY step_id LIMIT ?)")
+            args += [*where_args, status, self.limit]
+        return " UNION ALL ".join(branches) + " ORDER BY step_id LIMIT ?", [*args, self.limit]
 
 
 def _any_step(
     job_id: str, stage: int, statuses: Collection[StepStatus], named: bool = True
 ) -> tuple[str, str, int, *tuple[str, ...]] | None:
     """The query of `has_steps` and its arguments, None when it can match nothing: one seek of
-    the (job_id, stage, status) index per status, named as in `_steps_page`."""
+    the (job_id, stage, status) index per status, named as in `_PageRead`."""
     wanted = sorted({StepStatus(status).value for status in statuses})
     if not wanted:
         return None

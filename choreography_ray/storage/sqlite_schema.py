@@ -104,7 +104,6 @@ CREATE INDEX IF NOT EXISTS jobs_scope_namespace_status ON jobs (scope, namespace
 CREATE INDEX IF NOT EXISTS jobs_status_stop_finalized ON jobs (status, stop_finalized);
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created, id);
 CREATE INDEX IF NOT EXISTS jobs_cleanup ON jobs (scope, namespace, status, status_since, id);
-CREATE INDEX IF NOT EXISTS job_steps_job_status ON job_steps (job_id, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_stage_status ON job_steps (job_id, stage, status);
 CREATE INDEX IF NOT EXISTS job_steps_job_signature ON job_steps (job_id, failure_signature)
     WHERE failure_signature IS NOT NULL;

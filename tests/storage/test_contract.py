@@ -60,6 +60,7 @@ from tests.fixtures import build_oldest_sqlite
 T0 = datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 COMPLETED, STOPPED = CountedKind.COMPLETED, CountedKind.STOPPED
 SCHEDULED, RUNNING, FAILED = StepStatus.SCHEDULED, StepStatus.RUNNING, StepStatus.FAILED
+UNREACHABLE = StepStatus.UNREACHABLE
 
 
 def job(job_id: str, *, scope: str = "s", namespace: str = "n", **fields: object) -> JobState:
@@ -1410,7 +1411,9 @@ async def test_mongodb__unreachable_server_fails_fast_without_the_password() -> 
 def test_sqlite__a_page_by_status_searches_the_status_index_never_the_whole_job(
     tmp_path: Path, stage: int | None, after: str | None
 ) -> None:
-    from choreography_ray.storage.sqlite import _steps_page
+    """Across stages too: the job's stages are read a seek each, then one range per stage and
+    status (there is no (job_id, status) index for every write to keep)."""
+    from choreography_ray.storage.sqlite import _STAGES, _PageRead
 
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
 
@@ -1420,17 +1423,51 @@ def test_sqlite__a_page_by_status_searches_the_status_index_never_the_whole_job(
         await storage.close()
 
     asyncio.run(lay_out())
-    page = _steps_page("j1", {FAILED, StepStatus.UNREACHABLE}, stage, after, 25)
-    assert page is not None
-    sql, args = page
+    read = _PageRead("j1", {FAILED, StepStatus.UNREACHABLE}, stage, after, 25)
+    stages = [0, 1] if stage is None else [stage]
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
+        sql, args = read.merged([(s, status) for s in stages for status in (FAILED, UNREACHABLE)])
         plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+        stage_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {_STAGES}", ["j1"])]
 
     searches = [line for line in plan if line.startswith("SEARCH job_steps")]
-    index = "job_steps_job_status" if stage is None else "job_steps_job_stage_status"
-    assert len(searches) == 2, plan
-    assert all(f"INDEX {index} (job_id=? AND " in line and "status=?" in line
+    assert len(searches) == 2 * len(stages), plan
+    assert all("INDEX job_steps_job_stage_status (job_id=? AND stage=? AND status=?" in line
                for line in searches), plan  # fmt: skip
+    assert not any(line.startswith("SCAN job_steps") for line in stage_plan), stage_plan
+    assert {line for line in stage_plan if line.startswith("SEARCH job_steps")} == {
+        "SEARCH job_steps USING COVERING INDEX job_steps_job_stage_status (job_id=?)",
+        "SEARCH job_steps USING COVERING INDEX job_steps_job_stage_status (job_id=? AND stage>?)",
+    }, stage_plan
+
+
+def test_sqlite__a_page_across_many_stages_merges_its_ranges_in_step_id_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More ranges than one statement merges: the statements' pages merged again, in order."""
+    from choreography_ray.storage import sqlite
+
+    monkeypatch.setattr(sqlite, "_RANGES_PER_READ", 3)
+    statuses = [FAILED, UNREACHABLE, SCHEDULED]
+
+    async def scenario() -> None:
+        storage = SqliteStorage(f"sqlite:///{tmp_path / 'jobs.db'}")
+        await storage.insert_steps([
+            step("j1", f"s-{n:05d}", stage=n % 7 * 10, status=statuses[n % 3]) for n in range(300)
+        ])  # fmt: skip
+        wanted = {FAILED, UNREACHABLE}
+        expected = [f"s-{n:05d}" for n in range(300) if statuses[n % 3] in wanted]
+        pages, after = [], None
+        while page := await storage.list_steps("j1", statuses=wanted, after=after, limit=17):
+            pages.append([s.step_id for s in page])
+            after = page[-1].step_id
+        assert [i for p in pages for i in p] == expected
+        assert all(len(p) == 17 for p in pages[:-1])
+        starts = await storage.list_starts("j1", statuses=wanted, limit=5)
+        assert [s.step_id for s in starts] == expected[:5]
+        await storage.close()
+
+    asyncio.run(scenario())
 
 
 def test_sqlite__has_steps_and_get_steps_search_indexes_never_the_whole_job(

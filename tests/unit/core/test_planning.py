@@ -32,7 +32,7 @@ from choreography_ray.storage import PlannedStep, StoredStart
 from choreography_ray.storage.memory import MemoryStorage
 from tests.unit.core.conftest import Activations
 from tests.unit.core.harness import Harness
-from tests.unit.core.jobs import Item, Streamed, StreamedJob
+from tests.unit.core.jobs import Item, Plan, StagedJob, Streamed, StreamedJob
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -187,6 +187,30 @@ def test_plan__a_generator_that_ends_within_its_first_chunk_gets_a_lists_ids_and
         await h.c.start()
         assert h.c.feed is not None and h.c.feed.done
         assert Counter(await run_to_the_end(h)) == {"000000": 1, "000001": 1, "000002": 1}
+
+    activations.run(scenario)
+
+
+@pytest.mark.parametrize("steps", [6, 20])
+def test_plan__a_first_stage_waiting_for_admission_starts_nothing_until_admitted(
+    activations: Activations, steps: int
+) -> None:
+    """Neither the steps kept in memory (6: all of them) nor those read from storage after them
+    (20: 12 of them) start while the first stage's admission is refused, however often the
+    window is filled; once admitted, each runs once."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[steps]), plan_chunk_size=CHUNK)
+        refusal = h.control("admit_stage", admit=False)
+        await h.c.start()
+        for _ in range(3):
+            await h.c.watchdog_tick()
+            await h.settle()
+        assert h.hosts.started == [] and not h.c.window.runs
+        refusal.admit = True
+        await h.c.watchdog_tick()
+        assert await run_to_the_end(h) == Counter({f"{i:06d}": 1 for i in range(steps)})
+        assert h.calls["admit_stage:0"] >= 2
 
     activations.run(scenario)
 
