@@ -56,8 +56,10 @@ class JobsOptions(BaseModel):
     pool_idle_timeout: Duration | None = timedelta(seconds=60)
     #: Steps in one start RPC from a job to a step host.
     step_batch_size: int = Field(default=1024, ge=1)
-    #: Steps of a plan handled at once: read from `prepare_steps`, checked and inserted per
-    #: chunk; a stage's steps are read back from storage in pages of at most 5,000 of them.
+    #: Steps of a plan read from `prepare_steps` before its first insert (they size the step
+    #: ids); after them the plan is read and inserted 10,000 steps at a time (at most a chunk).
+    #: A first run keeps two chunks in memory; a stage's steps are read back from storage in
+    #: pages of at most 5,000 of them.
     plan_chunk_size: int = Field(default=50_000, ge=1)
     #: How long a step host's group commit round gathers writes before it is written when no
     #: write is in flight (0: at once; while a write is in flight, writes gather anyway).

@@ -1,6 +1,6 @@
-"""Start's first turn: the request is validated, `prepare_steps` is read a chunk at a time and
-stored (ids as wide as the plan's known length), per-stage totals counted, checkpointed stages
-skipped; the record says `has_plan` only once every chunk is stored. A plan that fails while it
+"""Start's first turn: the request is validated, `prepare_steps` is read and stored a piece at a
+time (ids as wide as the plan's known length), per-stage totals counted, checkpointed stages
+skipped; the record says `has_plan` only once every piece is stored. A plan that fails while it
 is written leaves no step behind.
 
 A flow of an activation (`activation.Activation`): functions that never take a turn themselves.
@@ -88,12 +88,13 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
     if a.epoch > FIRST_EPOCH and await a.storage.list_starts(a.job_id, limit=1):
         await a.storage.remove_job_steps(a.job_id)
     size = a.options.plan_chunk_size
+    piece = min(PLAN_WRITE, size)
     reader = PlanReader(source)
-    chunk = await reader.read(size)
+    read = await reader.read(size)
     # One step past the first chunk says whether the plan ends within it, and so how wide
     # its step ids are when its length is not known.
-    probe = await reader.read(1)
-    width = id_width(source, len(chunk), bool(probe))
+    read += await reader.read(1)
+    width = id_width(source, min(len(read), size), len(read) > size)
     totals: dict[int, int] = {}
     # The first run keeps the first two chunks' records (the second was begun to size the
     # ids): a plan of up to two chunks is never read back.
@@ -101,28 +102,30 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
     offset = 0
     writing: asyncio.Task[None] | None = None
     try:
-        while chunk:
-            # A chunk is written a piece at a time, each piece while the next is built or
-            # read (SQLite writes it without holding the GIL); one write at a time, in
-            # order. Only the last piece's write is left when the plan ends.
-            for first in range(0, len(chunk), PLAN_WRITE):
-                records = plan_records(chunk[first : first + PLAN_WRITE], offset, width)
-                if writing is not None:
-                    await writing
-                writing = asyncio.get_running_loop().create_task(
-                    a.storage.insert_plan(a.job_id, records),
-                    name=f"insert plan of job {a.job_id} at step {offset}",
-                )
-                # The write begins now (reading a plan that is not async never yields).
-                await asyncio.sleep(0)
-                for record in records:
-                    totals[record.stage] = totals.get(record.stage, 0) + 1
-                if offset < 2 * size:
-                    kept += records
-                offset += len(records)
-                del records
-            del chunk  # let it go before the next is read
-            chunk, probe = probe + await reader.read(size - len(probe)), []
+        # Written a piece at a time, each while the next is read and built (SQLite writes it
+        # without holding the GIL); one write at a time, in order. After the first chunk the
+        # plan is read a piece at a time too. Only the last piece's write is left when the
+        # plan ends.
+        while True:
+            if len(read) < piece:  # the steps read ahead are less than a piece: read on
+                read += await reader.read(piece - len(read))
+            if not read:
+                break
+            records = plan_records(read[:piece], offset, width)
+            del read[:piece]  # let them go as they are written
+            if writing is not None:
+                await writing
+            writing = asyncio.get_running_loop().create_task(
+                a.storage.insert_plan(a.job_id, records),
+                name=f"insert plan of job {a.job_id} at step {offset}",
+            )
+            # The write begins now (reading a plan that is not async never yields).
+            await asyncio.sleep(0)
+            for record in records:
+                totals[record.stage] = totals.get(record.stage, 0) + 1
+            kept += records[: max(0, 2 * size - offset)]
+            offset += len(records)
+            del records
         if writing is not None:
             await writing
     except BaseException:

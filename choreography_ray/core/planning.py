@@ -1,12 +1,12 @@
 """The plan as `prepare_steps` returns it, consumed in chunks, and the window's feed.
 
 `prepare_steps` may return a list, any iterable (a generator), an async iterable, or an
-awaitable of one of those. The plan is read `JobsOptions.plan_chunk_size` steps (50,000) at a
-time: each chunk is checked (every item a `StepSpec`), given its step ids, written (in pieces of
-`PLAN_WRITE`, each while the next is built) and counted into per-stage totals, and let go;
-nothing holds the whole plan. The chunks read before the first insert (at most two: see below)
-are kept for the first run's first stage: its feed hands them out before it reads storage, which
-it reads only after them.
+awaitable of one of those. The first `JobsOptions.plan_chunk_size` steps (50,000) are read
+before anything is written (they size the step ids, below); then the plan is written in pieces
+of `PLAN_WRITE` (at most a chunk), each while the next is read and built: every step checked
+(a `StepSpec`), given its id, counted into per-stage totals, and let go; nothing holds the whole
+plan. The first two chunks' records are kept for the first run's first stage: its feed hands
+them out before it reads storage, which it reads only after them.
 
 A step id is the step's position in the plan, zero-padded: to `max(6, digits of the length)`
 when the length is known before the plan is read (a list, any sized collection, or a plan that

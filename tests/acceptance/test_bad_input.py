@@ -289,10 +289,10 @@ def test_unreachable_mongodb__api_raises_storage_unavailable(ray_local: None, sc
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs of this test's own (root only), unmounted at the end."""
+    """A 3 MiB tmpfs of this test's own (root only), unmounted at the end."""
     mount_point = tmp_path / "tmpfs"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
                              capture_output=True, text=True, check=False)  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
@@ -358,8 +358,8 @@ def test_full_disk__the_plan_is_not_written_and_the_manager_stays_up(
         manager = jobs.manager(scope, "full")
         small = manager.start(OrderedJob, {"log": log, "modes": ["ok"]})
         assert manager.wait(small.job_id, 60).status is cr.JobStatus.COMPLETED_SUCCESSFULLY
-        # A plan of 20,000 steps (about 3 MB of rows) cannot fit in 1 MiB.
-        started = manager.start(OrderedJob, {"log": log, "modes": ["ok"] * 20_000})
+        # A plan of 40,000 steps (about 6 MB of rows) cannot fit in 3 MiB.
+        started = manager.start(OrderedJob, {"log": log, "modes": ["ok"] * 40_000})
 
         assert started.error is cr.StartJobError.COULD_NOT_PERSIST, started
         failed = manager.get(started.job_id)

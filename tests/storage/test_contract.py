@@ -54,7 +54,7 @@ from choreography_ray.storage import (
     redact_url,
 )
 from choreography_ray.storage.memory import MemoryStorage
-from choreography_ray.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES, SqliteStorage
+from choreography_ray.storage.sqlite import PAGE_SIZE, WAL_AUTOCHECKPOINT_BYTES, SqliteStorage
 from tests.fixtures import build_oldest_sqlite
 
 T0 = datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -1369,18 +1369,28 @@ async def test_sqlite__relative_and_absolute_urls_create_parent_directories(
         assert path.is_file()
 
 
-async def test_sqlite__a_connection_is_wal_and_checkpoints_every_10000_pages(
-    tmp_path: Path,
+@pytest.mark.parametrize("existing_page", [None, 4_096])
+async def test_sqlite__a_connection_is_wal_and_checkpoints_every_40_mib(
+    tmp_path: Path, existing_page: int | None
 ) -> None:
-    storage = SqliteStorage(f"sqlite:///{tmp_path / 'jobs.db'}")
+    """A new file has 16 KiB pages; a file made before (SQLite's 4 KiB) keeps its own. Either
+    checkpoints after about 40 MiB of WAL."""
+    path = tmp_path / "jobs.db"
+    if existing_page is not None:
+        with sqlite3.connect(path) as made:
+            made.execute(f"PRAGMA page_size = {existing_page}")
+            made.execute("CREATE TABLE earlier (x)")
+    storage = SqliteStorage(f"sqlite:///{path}")
     pragmas = await storage._run(
         lambda c: [
             c.execute(f"PRAGMA {name}").fetchone()[0]
-            for name in ("journal_mode", "synchronous", "wal_autocheckpoint")
+            for name in ("journal_mode", "synchronous", "page_size", "wal_autocheckpoint")
         ]
     )
     await storage.close()
-    assert pragmas == ["wal", 1, WAL_AUTOCHECKPOINT_PAGES] and WAL_AUTOCHECKPOINT_PAGES == 10_000
+    page = existing_page or PAGE_SIZE
+    assert pragmas == ["wal", 1, page, WAL_AUTOCHECKPOINT_BYTES // page]
+    assert PAGE_SIZE == 16_384 and WAL_AUTOCHECKPOINT_BYTES // 4_096 == 10_000
 
 
 async def test_sqlite__unopenable_file_is_unavailable(tmp_path: Path) -> None:

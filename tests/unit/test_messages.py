@@ -55,9 +55,7 @@ def test_starts__equal_types_and_requests_cross_once_per_batch() -> None:
     """Steps read back from storage hold a string each: a batch of 1,024 of one type and
     request stays under Ray's 100 KiB for an argument passed inline."""
     step_type, request = "choreography_ray.bench.workloads:BenchStep", '{"fail":false,"ms":0.0}'
-    batch = [
-        StepStart(f"{i:06d}", "".join(step_type), 0, 1, "".join(request)) for i in range(1024)
-    ]
+    batch = [StepStart(f"{i:06d}", "".join(step_type), 0, 1, "".join(request)) for i in range(1024)]
     assert len({id(s.type) for s in batch}) == 1024  # distinct objects, as storage's rows
     wire = starts_to_wire(batch)
     assert len(wire) < 30_000 < len(pickle.dumps([tuple(s) for s in batch]))
