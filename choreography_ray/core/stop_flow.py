@@ -18,7 +18,7 @@ from choreography_ray.core.watchdog import stored_outcome
 from choreography_ray.core.window import RUNNING, WAITING, RunState
 from choreography_ray.errors import JobOperationError, RemoveJobError, StopJobError
 from choreography_ray.logs import get_logger
-from choreography_ray.status import JobStatus
+from choreography_ray.status import JobStatus, StepStatus
 
 if TYPE_CHECKING:
     from choreography_ray.core.activation import Activation
@@ -256,8 +256,10 @@ async def stop_failed_starts(a: Activation) -> None:
 
 async def settle_failed_starts(a: Activation) -> None:
     """A stopping job's starts that threw: a step a host has all the same is active again and
-    told to stop, a step whose outcome storage holds counts it, and the others never ran:
-    they count as the stop counts a step that never started."""
+    told to stop, a step whose outcome storage holds counts it, a step storage holds RUNNING
+    at that attempt ran on a host that went before it answered (stored STOPPED and counted,
+    as `sweep_stop` does), and the others never ran: they count as the stop counts a step
+    that never started."""
     failed = {start.step_id: start for start in a.window.failed_starts()}
     on_hosts = await a.hosts.running(a.job_id, epoch=a.epoch)  # before storage: see _adopt_stage
     unsure = [step_id for step_id in failed if step_id not in on_hosts]
@@ -267,12 +269,21 @@ async def settle_failed_starts(a: Activation) -> None:
         for step_id in unsure
         if (outcome := stored_outcome(failed[step_id], records.get(step_id))) is not None
     }
+    ran = [
+        failed[step_id]
+        for step_id in unsure
+        if (record := records.get(step_id)) is not None
+        and record.status is StepStatus.RUNNING
+        and record.attempt == failed[step_id].attempt
+    ]
     for step_id, host in on_hosts.items():
         if step_id in failed:
             a.window.adopt(failed[step_id], host)
     for step_id, outcome in outcomes.items():
         a.window.adopt(failed[step_id], "")
         settling.accept(a, outcome)
+    if ran:
+        await settling.store_stops(a, ran)
     count_never_started(a)
     told = {on_hosts[step_id] for step_id in failed if step_id in on_hosts}
     if told:

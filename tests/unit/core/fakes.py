@@ -95,6 +95,9 @@ class FakeHosts:
         #: Fault: the next this many start operations start their steps, then raise (Ray: "the
         #: task may or may not have been executed on the actor").
         self.lose_start_answers = 0
+        #: Fault: the next this many start operations store RUNNING, then their host's process
+        #: dies (it comes back as a new incarnation, without the steps) and they raise.
+        self.die_after_running = 0
         #: Fault: the next this many start operations run their steps without storing RUNNING
         #: (a real host's RUNNING write that failed, written again later).
         self.unwritten_starts = 0
@@ -225,6 +228,10 @@ class FakeHosts:
             for step in steps:
                 self.runs[(host, step.step_id)] = Run(job_id, step, host)
             self.started.extend(steps)
+            if self.die_after_running > 0:
+                self.die_after_running -= 1
+                self.restart(host)
+                raise ConnectionError(f"{host} died as it started the steps (on purpose)")
             if self.lose_start_answers > 0:
                 self.lose_start_answers -= 1
                 raise ConnectionError(f"{host} restarted: the start may or may not have run")

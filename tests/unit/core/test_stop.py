@@ -97,6 +97,40 @@ def test_stop__a_retry_whose_start_failed_counts_as_failed_as_storage_holds_it(
     activations.run(scenario)
 
 
+def test_stop__a_retry_whose_host_stored_it_running_then_died_counts_once_as_stopped(
+    activations: Activations,
+) -> None:
+    """Found by the chaos soak (seed 3910001): a retry's start operation, answered during the
+    stop, threw because its host died after storing the attempt RUNNING. The failed start was
+    counted as a never-started retry (failed), and the stop's sweep then found the attempt
+    RUNNING on no host and counted it stopped too."""
+
+    async def scenario() -> None:
+        h = await activations.new(StagedJob, Plan(sizes=[2]), max_step_attempts=2)
+        await h.c.start()
+        await h.hosts.finish("000000")
+        h.hosts.start_gate = asyncio.Event()  # the retry's start operation waits
+        await h.hosts.finish("000001", FAILED, "attempt 1")
+        await h.settle()
+        stopping = asyncio.create_task(h.c.stop())
+        await h.settle()
+        h.hosts.die_after_running = 1
+        h.hosts.start_gate.set()
+        await stopping
+        await h.settle()
+
+        stored = await h.stored()
+        assert stored.stop_finalized
+        progress = stored.progress
+        assert (progress.successful_steps, progress.failed_steps, progress.stopped_steps) == (
+            1, 0, 1,
+        )  # fmt: skip
+        step = (await h.steps())["000001"]
+        assert (step.status, step.attempt) == (StepStatus.STOPPED, 2)
+
+    activations.run(scenario)
+
+
 def test_stop__a_failed_save_leaves_the_job_running_and_a_later_stop_works(
     activations: Activations,
 ) -> None:
