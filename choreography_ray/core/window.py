@@ -238,7 +238,8 @@ class Window:
                 run = runs[start.step_id] = StepRun(start, RunState.QUEUED)
                 fresh += 1
             elif old.start is start and old.state is RunState.HELD:
-                run, run.state = old, RunState.QUEUED
+                run = old
+                run.state = RunState.QUEUED
                 released += 1
             else:
                 self._put(start, RunState.QUEUED, retry=old.retry)

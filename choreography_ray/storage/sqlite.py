@@ -8,7 +8,8 @@ failing halfway. sqlite3 calls block, so each instance runs them on one dedicate
 that owns the connection (opened on first use); the coroutines await that thread.
 
 The tables, what opening a file creates and how a read-only storage reads a file of an older
-release: `storage/sqlite_schema.py`; the step outputs' statements: `storage/sqlite_outputs.py`.
+release: `storage/sqlite_schema.py`; the step outputs' statements: `storage/sqlite_outputs.py`;
+the reads of step records by page: `storage/sqlite_pages.py`.
 
 Bulk writes are one transaction and one `executemany` each, all or nothing. A lease renewal is
 an `UPDATE ... WHERE status = 'Running' AND attempt = ?`, so it never undoes an outcome stored
@@ -23,15 +24,12 @@ raises `StorageUnavailableError`, any other sqlite3 error `StorageError`.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import json
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import islice, repeat
-from operator import itemgetter
+from itertools import repeat
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -72,6 +70,7 @@ from choreography_ray.storage import (
     utc_text,
 )
 from choreography_ray.storage import sqlite_outputs as outputs_sql
+from choreography_ray.storage import sqlite_pages as pages
 from choreography_ray.storage.sqlite_schema import ADDED_COLUMNS, TABLES, lay_out, shadow_missing
 
 _T = TypeVar("_T")
@@ -104,28 +103,22 @@ _JOB_COLUMNS = (
 )  # fmt: skip
 #: What a save writes: the columns read back, and `status_since`, derived for the cleanup index.
 _JOB_WRITTEN = (*_JOB_COLUMNS, "status_since")
-_STEP_COLUMNS = (
-    "job_id", "step_id", "type", "stage", "status", "attempt", "lease", "is_prepared", "request",
-    "status_changes", "updated", "schema_version", "failure_signature",
-)  # fmt: skip
 _JSON_COLUMNS = frozenset({"progress", "request", "status_changes", "lease", "resume_after"})
 _JOB_FIELDS = ", ".join(_JOB_COLUMNS)
 _JOB_SELECT = f"SELECT {_JOB_FIELDS} FROM jobs"
-_STEP_SELECT = f"SELECT {', '.join(_STEP_COLUMNS)} FROM job_steps"
-_START_SELECT = "SELECT step_id, type, stage, status, attempt, request, job_id FROM job_steps"
 _JOB_NO = outputs_sql.JOB_NO
 _JOB_KIND = f"job_no = {_JOB_NO} AND kind = ?"
 #: `REHYDRATED_JOB` as SQL literals: one range of the (scope, namespace, status) index each.
 _UNSETTLED = ", ".join(f"'{status.value}'" for status in sorted(REHYDRATED_JOB))
 _STEP_STATUSES = frozenset(StepStatus)
 _JOB_STATUSES = frozenset(JobStatus)
-_INSERT_STEP = f"INSERT INTO job_steps VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
+_INSERT_STEP = f"INSERT INTO job_steps VALUES ({', '.join('?' * len(pages.STEP_COLUMNS))})"
 #: A chunk of a plan in one statement: ?3 is the chunk as a JSON array of `PlannedStep`s
 #: (step_id, type, stage, request as JSON text), ?1 the job, ?2 now; each step SCHEDULED at
 #: attempt 0, no lease, prepared, no history yet. SQLite reads the array in C, without the GIL:
 #: about a fifth faster than an `executemany` of its rows (100,000 records: 0.38-0.43 s,
 #: building the JSON included, against 0.48-0.54 s), and another thread runs meanwhile.
-_INSERT_PLAN = f"""INSERT INTO job_steps ({", ".join(_STEP_COLUMNS)})
+_INSERT_PLAN = f"""INSERT INTO job_steps ({", ".join(pages.STEP_COLUMNS)})
     SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
            json_extract(value, '$[2]'), '{StepStatus.SCHEDULED.value}', 0, NULL, 1,
            json_extract(value, '$[3]'), '[]', ?2, {SCHEMA_VERSION}, NULL
@@ -141,15 +134,6 @@ _UPDATE_STEP = """UPDATE job_steps SET status = ?1, attempt = ?2, lease = ?3, up
     failure_signature = ?8
     WHERE job_id = ?6 AND step_id = ?7 AND attempt <= ?2"""
 _SIGNATURE_INDEX = "job_steps_job_signature"
-#: A job's stages in order, one seek of the (job_id, stage, status) index each.
-_STAGES = """WITH RECURSIVE s(stage) AS (
-        SELECT MIN(stage) FROM job_steps WHERE job_id = ?1
-        UNION ALL
-        SELECT (SELECT MIN(stage) FROM job_steps WHERE job_id = ?1 AND stage > s.stage) FROM s
-        WHERE s.stage IS NOT NULL)
-    SELECT stage FROM s WHERE stage IS NOT NULL"""
-#: Index ranges merged by one statement, at most (SQLite allows 500 terms of a compound).
-_RANGES_PER_READ = 250
 #: A job's failures by signature, through the signature index (partial: failed steps only),
 #: most frequent first; the example is the cluster's first step by id, its record read by key.
 _CLUSTERS = """SELECT g.*, (SELECT status_changes FROM job_steps AS e
@@ -283,14 +267,14 @@ class SqliteStorage:
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         rows = await self._query(
-            f"{_STEP_SELECT} WHERE job_id = ? AND step_id = ?", job_id, step_id
+            f"{pages.STEP_SELECT} WHERE job_id = ? AND step_id = ?", job_id, step_id
         )
         return _step(rows[0]) if rows else None
 
     async def get_steps(self, job_id: str, step_ids: Collection[str]) -> dict[str, StepState]:
         found: dict[str, StepState] = {}
         for chunk in chunks(step_ids):
-            for row in await self._query(_steps_by_id(len(chunk)), job_id, *chunk):
+            for row in await self._query(pages.steps_by_id(len(chunk)), job_id, *chunk):
                 step = _step(row)
                 found[step.step_id] = step
         return found
@@ -306,7 +290,7 @@ class SqliteStorage:
     ) -> list[StepState]:
         # A read-only file of an older release may lack the index (or read job_steps through a
         # shadow view): the planner then chooses, slower on a large job but right.
-        read = _PageRead(job_id, statuses, stage, after, limit, not self.read_only)
+        read = pages.PageRead(job_id, statuses, stage, after, limit, not self.read_only)
         return [_step(row) for row in await self._run(read.rows)]
 
     async def list_starts(
@@ -319,10 +303,10 @@ class SqliteStorage:
         limit: int = 1000,
     ) -> list[StoredStart]:
         if statuses is not None and StepStatus.SCHEDULED in statuses:
-            sql, args = _plan_page(job_id, statuses, stage, after, limit)
+            sql, args = pages.plan_page(job_id, statuses, stage, after, limit)
             rows = await self._query(sql, *args)
         else:
-            read = _PageRead(job_id, statuses, stage, after, limit, not self.read_only, True)
+            read = pages.PageRead(job_id, statuses, stage, after, limit, not self.read_only, True)
             rows = await self._run(read.rows)
         return [_start(row) for row in rows]
 
@@ -333,7 +317,8 @@ class SqliteStorage:
         args: list[object] = [job_id, signature]
         if after is not None:
             where, args = f"{where} AND step_id > ?", [*args, after]
-        sql = f"{_STEP_SELECT}{self._hint(_SIGNATURE_INDEX)} WHERE {where} ORDER BY step_id LIMIT ?"
+        hint = self._hint(_SIGNATURE_INDEX)
+        sql = f"{pages.STEP_SELECT}{hint} WHERE {where} ORDER BY step_id LIMIT ?"
         return [_step(row) for row in await self._query(sql, *args, limit)]
 
     async def failure_clusters(self, job_id: str) -> list[FailureCluster]:
@@ -379,7 +364,7 @@ class SqliteStorage:
             await self._write(write)
 
     async def has_steps(self, job_id: str, stage: int, statuses: Collection[StepStatus]) -> bool:
-        query = _any_step(job_id, stage, statuses, named=not self.read_only)
+        query = pages.any_step(job_id, stage, statuses, named=not self.read_only)
         return query is not None and bool(await self._query(*query))
 
     async def count_by_status(self, job_id: str) -> StatusCounts:
@@ -579,84 +564,6 @@ def _without_counted(job: JobState, *, version: int) -> JobState:
     )
 
 
-@dataclass(frozen=True)
-class _PageRead:
-    """A `list_steps` page (`starts`: a `list_starts` page), read on the connection's thread.
-
-    Without statuses: the primary key's range. With statuses: one range of the (job_id, stage,
-    status) index per stage and status, each in step-id order already (the index ends in the
-    key), merged: a page costs O(stages * statuses * limit) however many steps the job has.
-    Across stages, the job's stages are read first (a seek each). There is no (job_id, status)
-    index: every plan insert and outcome would write it, for the rare read across stages."""
-
-    job_id: str
-    statuses: Collection[StepStatus] | None
-    stage: int | None
-    after: str | None
-    limit: int
-    #: The index is named (`INDEXED BY`): without `after`, SQLite's planner (no statistics)
-    #: prefers the primary key for its step-id order, and scans every step of the job for a
-    #: status that few or none have.
-    named: bool = True
-    starts: bool = False
-
-    def rows(self, c: sqlite3.Connection) -> list[Any]:
-        if self.statuses is None and self.stage is None:
-            sql, args = self.where()
-            return c.execute(f"{sql} ORDER BY step_id LIMIT ?", [*args, self.limit]).fetchall()
-        stages = [self.stage] if self.stage is not None else [
-            stage for (stage,) in c.execute(_STAGES, (self.job_id,))
-        ]  # fmt: skip
-        wanted = sorted(set(StepStatus if self.statuses is None else self.statuses))
-        ranges = [(stage, status) for stage in stages for status in wanted]
-        pages = [
-            c.execute(*self.merged(ranges[first : first + _RANGES_PER_READ])).fetchall()
-            for first in range(0, len(ranges), _RANGES_PER_READ)
-        ]
-        if len(pages) <= 1:
-            return pages[0] if pages else []
-        at = 0 if self.starts else 1  # the step id's column
-        return list(islice(heapq.merge(*pages, key=itemgetter(at)), self.limit))
-
-    def where(self, stage: int | None = None) -> tuple[str, list[Any]]:
-        select = _START_SELECT if self.starts else _STEP_SELECT
-        where = "job_id = ?"
-        args: list[Any] = [self.job_id]
-        if stage is not None:
-            where, args = f"{where} AND stage = ?", [*args, stage]
-        if self.after is not None:
-            where, args = f"{where} AND step_id > ?", [*args, self.after]
-        hint = " INDEXED BY job_steps_job_stage_status" if stage is not None and self.named else ""
-        return f"{select}{hint} WHERE {where}", args
-
-    def merged(self, ranges: list[tuple[int, StepStatus]]) -> tuple[str, list[object]]:
-        """One statement of `ranges` (stage, status), merged in step-id order."""
-        branches, args = [], list[object]()
-        for stage, status in ranges:
-            sql, where_args = self.where(stage)
-            branches.append(f"SELECT * FROM ({sql} AND status = ? ORDER BY step_id LIMIT ?)")
-            args += [*where_args, status, self.limit]
-        return " UNION ALL ".join(branches) + " ORDER BY step_id LIMIT ?", [*args, self.limit]
-
-
-def _any_step(
-    job_id: str, stage: int, statuses: Collection[StepStatus], named: bool = True
-) -> tuple[str, str, int, *tuple[str, ...]] | None:
-    """The query of `has_steps` and its arguments, None when it can match nothing: one seek of
-    the (job_id, stage, status) index per status, named as in `_PageRead`."""
-    wanted = sorted({StepStatus(status).value for status in statuses})
-    if not wanted:
-        return None
-    hint = " INDEXED BY job_steps_job_stage_status" if named else ""
-    where = f"job_id = ? AND stage = ? AND status IN ({', '.join('?' * len(wanted))})"
-    return f"SELECT 1 FROM job_steps{hint} WHERE {where} LIMIT 1", job_id, stage, *wanted
-
-
-def _steps_by_id(count: int) -> str:
-    """The query of `get_steps` for `count` ids: that many seeks of the primary key."""
-    return f"{_STEP_SELECT} WHERE job_id = ? AND step_id IN ({', '.join('?' * count)})"
-
-
 def _instant(at: datetime) -> str:
     """A time as the `created` column holds it, so that the text sorts as the instants do."""
     return (at if at.tzinfo is None else at.astimezone(UTC)).isoformat(timespec="microseconds")
@@ -818,27 +725,6 @@ def _job(row: Sequence[Any]) -> JobState:
     return _parse(JobState, _JOB_COLUMNS, row, "jobs", row[0])
 
 
-def _plan_page(
-    job_id: str,
-    statuses: Collection[StepStatus],
-    stage: int | None,
-    after: str | None,
-    limit: int,
-) -> tuple[str, list[object]]:
-    """The query of a `list_starts` page that reads SCHEDULED steps, the bulk of a plan not yet
-    run: the primary key's range in step-id order, the other conditions checked on each row. A
-    page then costs its rows (and the rows it passes over once), where one range per status of
-    the status index would look each row up in the table too."""
-    marks = ", ".join("?" * len(statuses))
-    where = f"job_id = ? AND status IN ({marks})"
-    args: list[object] = [job_id, *sorted(statuses)]
-    if stage is not None:
-        where, args = f"{where} AND stage = ?", [*args, stage]
-    if after is not None:
-        where, args = f"{where} AND step_id > ?", [*args, after]
-    return f"{_START_SELECT} WHERE {where} ORDER BY step_id LIMIT ?", [*args, limit]
-
-
 _STATUS_OF = {status.value: status for status in StepStatus}
 
 
@@ -868,7 +754,7 @@ def _cluster(job_id: str, row: Sequence[Any]) -> FailureCluster:
 
 
 def _step(row: Sequence[Any]) -> StepState:
-    return _parse(StepState, _STEP_COLUMNS, row, "job_steps", f"{row[0]}/{row[1]}")
+    return _parse(StepState, pages.STEP_COLUMNS, row, "job_steps", f"{row[0]}/{row[1]}")
 
 
 def _parse(model: type[_M], columns: Sequence[str], row: Sequence[Any], table: str, key: str) -> _M:

@@ -1423,7 +1423,7 @@ def test_sqlite__a_page_by_status_searches_the_status_index_never_the_whole_job(
 ) -> None:
     """Across stages too: the job's stages are read a seek each, then one range per stage and
     status (there is no (job_id, status) index for every write to keep)."""
-    from choreography_ray.storage.sqlite import _STAGES, _PageRead
+    from choreography_ray.storage.sqlite_pages import STAGES, PageRead
 
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
 
@@ -1433,12 +1433,12 @@ def test_sqlite__a_page_by_status_searches_the_status_index_never_the_whole_job(
         await storage.close()
 
     asyncio.run(lay_out())
-    read = _PageRead("j1", {FAILED, StepStatus.UNREACHABLE}, stage, after, 25)
+    read = PageRead("j1", {FAILED, StepStatus.UNREACHABLE}, stage, after, 25)
     stages = [0, 1] if stage is None else [stage]
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         sql, args = read.merged([(s, status) for s in stages for status in (FAILED, UNREACHABLE)])
         plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
-        stage_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {_STAGES}", ["j1"])]
+        stage_plan = [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {STAGES}", ["j1"])]
 
     searches = [line for line in plan if line.startswith("SEARCH job_steps")]
     assert len(searches) == 2 * len(stages), plan
@@ -1455,9 +1455,9 @@ def test_sqlite__a_page_across_many_stages_merges_its_ranges_in_step_id_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """More ranges than one statement merges: the statements' pages merged again, in order."""
-    from choreography_ray.storage import sqlite
+    from choreography_ray.storage import sqlite_pages
 
-    monkeypatch.setattr(sqlite, "_RANGES_PER_READ", 3)
+    monkeypatch.setattr(sqlite_pages, "RANGES_PER_READ", 3)
     statuses = [FAILED, UNREACHABLE, SCHEDULED]
 
     async def scenario() -> None:
@@ -1483,7 +1483,7 @@ def test_sqlite__a_page_across_many_stages_merges_its_ranges_in_step_id_order(
 def test_sqlite__has_steps_and_get_steps_search_indexes_never_the_whole_job(
     tmp_path: Path,
 ) -> None:
-    from choreography_ray.storage.sqlite import _any_step, _steps_by_id
+    from choreography_ray.storage.sqlite_pages import any_step, steps_by_id
 
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
 
@@ -1493,9 +1493,9 @@ def test_sqlite__has_steps_and_get_steps_search_indexes_never_the_whole_job(
         await storage.close()
 
     asyncio.run(lay_out())
-    query = _any_step("j1", 1, {SCHEDULED, RUNNING, StepStatus.STOPPED})
+    query = any_step("j1", 1, {SCHEDULED, RUNNING, StepStatus.STOPPED})
     assert query is not None
-    by_id = (_steps_by_id(2), "j1", "s-00001", "s-00002")
+    by_id = (steps_by_id(2), "j1", "s-00001", "s-00002")
     with sqlite3.connect(tmp_path / "jobs.db") as connection:
         plans = [
             [row[3] for row in connection.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
