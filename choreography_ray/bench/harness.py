@@ -59,8 +59,11 @@ from choreography_ray.storage import redact_url
 RAY_NAMESPACE = "choreography-bench"
 #: `step_lease_timeout` when leases are on, in seconds.
 LEASE_SECONDS = 30.0
-#: Steps of the untimed job each storage runs first (imports, step hosts, connections).
-WARMUP_STEPS = 100
+#: Steps of the untimed job each storage runs first (imports, step hosts, connections): enough
+#: start batches (`step_batch_size`, 1,024) to reach every shared host of a machine like this
+#: one, which a host's first steps create; 100 steps reached one of two, and the first timed
+#: round paid for the other's process starting up. No more than the largest timed job.
+WARMUP_STEPS = 10_000
 #: The directory that holds the `choreography_ray` package: a source checkout's root, or an
 #: environment's site-packages.
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -330,7 +333,9 @@ class _Session:
         self.log("warming up (untimed): Ray workers, step hosts, storage connections")
         systems.bare_tasks(min(1_000, max(self.config.steps)))
         for connection in [*self.connections.values(), *self.metrics_off.values()]:
-            connection.run_job(self.config.request(WARMUP_STEPS), self.config.timeout)
+            warm_up = self.config.request(min(WARMUP_STEPS, max(self.config.steps)))
+            connection.run_job(warm_up, self.config.timeout)
+            connection.await_spares(self.config.timeout)
         if self.config.compare and self.config.actor_sample > 0:
             systems.actor_per_step(min(16, self.config.actor_sample), 16, RAY_NAMESPACE)
 

@@ -98,6 +98,16 @@ class Connection:
         state: cr.JobState = ray.get(self.handle.status.remote(job_id))
         return state
 
+    def await_spares(self, timeout: float) -> None:
+        """Returns once the manager's spare job actors are ready (`spare_job_actors`), as a warm
+        system has them: its next job does not share the machine with a new process starting.
+        `TimeoutError` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while len(ray.get(self.handle.spares.remote())) < self.jobs.options.spare_job_actors:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no spare job actor ready after {timeout:g} s")
+            time.sleep(POLL_MAX_SECONDS)
+
     def poll(
         self,
         job_id: str,

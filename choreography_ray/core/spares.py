@@ -9,6 +9,13 @@ that. A new spare warms up before it is taken (`JobCore.warm`): it reaches stora
 step hosts, and imports the job types its manager started last (`recent_types`), so its job's
 first turns do not pay for them. `Spares` is the manager's bookkeeping; it imports no Ray (a
 spare's actor handle, kept so that a start need not look it up, is opaque here).
+
+A new spare is a new process: most of a core for half a second here. A start replaces the spare
+it took a moment in (`REFILL_SECONDS` in the manager), once it has answered. A start still
+preparing then has a large plan (`large_start`): alone, its job would share the machine with the
+new process while it writes its plan, so the next spare waits until the job settles; when large
+jobs follow one another (another runs, or one settled within `FOLLOW_SECONDS`), the next start
+is near and finds the spare ready only if it is made now.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from typing import Any, NamedTuple
 SPARE_SECONDS = 600.0
 #: The job types a new spare imports ahead: its manager's latest ones.
 RECENT_TYPES = 4
+#: Seconds after a large job settles within which the next large start follows it: about what
+#: a new spare takes to be made and warmed here. A start later than that finds it ready.
+FOLLOW_SECONDS = 2.0
 
 
 class Spare(NamedTuple):
@@ -35,6 +45,10 @@ class Spares:
         #: (the spare, monotonic time it was created), oldest first.
         self._ready: deque[tuple[Spare, float]] = deque()
         self.creating = 0
+        #: The large jobs not seen settled yet, each True when the next spare waits for it.
+        self.large: dict[str, bool] = {}
+        #: When a large job was last seen settled (monotonic), None before the first.
+        self.large_settled_at: float | None = None
         self._types: deque[str] = deque(maxlen=RECENT_TYPES)
 
     def take(self, now: float) -> Spare | None:
@@ -56,6 +70,30 @@ class Spares:
 
     def add(self, job_id: str, created: float, handle: Any) -> None:
         self._ready.append((Spare(job_id, handle), created))
+
+    def large_start(self, job_id: str, now: float, took_spare: bool) -> bool:
+        """A start still preparing when its spare is to be replaced (a large plan): True when
+        the next spare waits until its job settles (`settled`). It does when the job runs
+        alone: it took a spare, and no other large job runs or settled within
+        `FOLLOW_SECONDS`. When large jobs follow one another, the next start is near, and finds
+        a spare ready only if it is made now. A start that took none while none follows (a
+        manager's first, which made its own actor) is not kept."""
+        settled = self.large_settled_at
+        following = bool(self.large) or (settled is not None and now - settled < FOLLOW_SECONDS)
+        if not took_spare and not following:
+            return False
+        waits = took_spare and not following
+        self.large[job_id] = waits
+        return waits
+
+    def settled(self, job_id: str, now: float) -> bool:
+        """The job is seen settled (or has run long enough): True when the next spare waited
+        for it, and is made now."""
+        waits = self.large.pop(job_id, None)
+        if waits is None:
+            return False
+        self.large_settled_at = now
+        return waits
 
     def started(self, job_type: str) -> None:
         """A job of `job_type` started: the next spares import it ahead."""

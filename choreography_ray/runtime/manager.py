@@ -62,8 +62,11 @@ log = get_logger(__name__)
 OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
 #: Seconds between two settings of the `choreography_jobs` gauge from storage.
 JOBS_GAUGE_SECONDS = 5.0
-#: Seconds into a start at which the next spare job actor is made.
+#: Seconds into a start at which the next spare job actor is made, when the start has answered.
 REFILL_SECONDS = 0.05
+#: Seconds into a large job's start (one still preparing at REFILL_SECONDS) after which it no
+#: longer holds the next spare back, if it is not seen settled before.
+SPARE_WAIT_SECONDS = 10.0
 #: Seconds a new spare job actor has to start and warm up (`JobCore.warm`); one that misses
 #: it is not taken (it exits on its own after `SPARE_SECONDS`).
 WARM_SECONDS = 60.0
@@ -181,10 +184,9 @@ class ManagerCore:
                     WriteOperation.CREATE_JOB,
                 )
                 actor = spare.handle if spare else await self.job_actor(job_id)
-                # A new process starting up takes most of a core for a third of a second: the
-                # next spare is made REFILL_SECONDS into this start, not during a small job's
-                # start, nor during the call its caller makes next (a `wait`).
-                asyncio.get_running_loop().call_later(REFILL_SECONDS, self._refill_spares)
+                asyncio.get_running_loop().call_later(
+                    REFILL_SECONDS, self._refill_after, job_id, spare is not None
+                )
                 start_error: StartJobError | None = await actor.start.remote()
         finally:
             self._starting.discard(job_id)
@@ -223,6 +225,21 @@ class ManagerCore:
                 f"{job_type}.fairness_key returned {key!r}, not a str or None",
             )
         return checked, key
+
+    def _refill_after(self, job_id: str, took_spare: bool) -> None:
+        """REFILL_SECONDS into a start: the spare it took is replaced now (a small job's start
+        has answered; the new process does not meet it, nor its caller's next call, a `wait`),
+        or, for a large plan, once its job is seen settled (`Spares.large_start`)."""
+        if job_id in self._starting:
+            asyncio.get_running_loop().call_later(SPARE_WAIT_SECONDS, self._settled, job_id)
+            if self.spares.large_start(job_id, time.monotonic(), took_spare):
+                return
+        self._refill_spares()
+
+    def _settled(self, job_id: str) -> None:
+        """A large job seen settled, or SPARE_WAIT_SECONDS into its start."""
+        if self.spares.settled(job_id, time.monotonic()):
+            self._refill_spares()
 
     def _refill_spares(self) -> None:
         """Creates the spare job actors missing, in a named task (one at a time)."""
@@ -269,6 +286,8 @@ class ManagerCore:
         state = await self.storage.get_job(job_id)
         if state is None or state.key != self.key:
             raise JobOperationError(JobLookupError.JOB_NOT_FOUND, f"no job {job_id} in {self.key}")
+        if settled(state):
+            self._settled(job_id)
         return state
 
     async def list(self, status: JobStatus | None = None) -> builtins.list[JobState]:

@@ -67,6 +67,15 @@ def actor_is_gone(name: str) -> bool:
     return False
 
 
+def job_actor_names() -> set[str]:
+    """The names of the job actors alive in the tests' namespace (`job/{id}`)."""
+    return {
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == RAY_NAMESPACE and actor["name"].startswith("job/")
+    }
+
+
 def _named_actors() -> set[tuple[str, str]]:
     """(namespace, name) of every named actor alive in the cluster this process joined."""
     named = ray.util.list_named_actors(all_namespaces=True)

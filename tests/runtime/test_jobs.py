@@ -22,7 +22,7 @@ import ray
 import choreography_ray as cr
 from choreography_ray.core.messages import Outcome
 from choreography_ray.runtime.names import manager_name
-from tests.runtime.conftest import FAST, actor_is_gone
+from tests.runtime.conftest import FAST, actor_is_gone, job_actor_names
 from tests.runtime.sample_jobs import FanOut, FanOutRequest
 from tests.runtime.scenario_jobs import (
     BestEffortPlanJob,
@@ -667,14 +667,6 @@ def test_key_catalog__records_every_manager_key(connect, scope, storage_url, fil
     keys = in_storage(storage_url, lambda s: s.list_manager_keys())
     assert {cr.JobsManagerKey(scope=scope, namespace=n) for n in ("alpha", "beta")} <= set(keys)
     assert all(k.scope == scope for k in keys)
-
-
-def job_actor_names() -> set[str]:
-    return {
-        actor["name"]
-        for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["namespace"] == RAY_NAMESPACE and actor["name"].startswith("job/")
-    }
 
 
 def test_spare_job_actor__the_next_start_takes_it_and_a_spare_without_a_job_exits(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +16,10 @@ import pytest
 import ray
 
 import choreography_ray as cr
+from choreography_ray.runtime.names import manager_name
 from choreography_ray.storage import open_storage
-from tests.runtime.lifecycle_jobs import TRACES, read
+from tests.runtime.conftest import job_actor_names
+from tests.runtime.lifecycle_jobs import TRACES, read, set_flag
 from tests.runtime.streaming_jobs import StreamedJob, StreamedPlan
 from tests.support import RAY_NAMESPACE, eventually
 
@@ -94,4 +97,37 @@ def test_job_actor_killed_while_it_writes_its_plan__the_job_fails_for_its_missin
         assert Counter(r["step"] for r in read(again.job_id, "runs")) == Counter(
             {f"{i:010d}": 1 for i in range(1_000)}
         )
+    (TRACES / f"token-{token}").unlink(missing_ok=True)
+
+
+def test_a_large_start_has_the_next_spare_made_once_its_job_settles(
+    connect: Any, scope: str
+) -> None:
+    """A new spare job actor is a new process (most of a core for half a second): a start still
+    preparing REFILL_SECONDS (50 ms) in, a large plan, does not have the next spare made while
+    its job writes its plan and runs, but once the job is seen settled (core/spares.py)."""
+    token = uuid.uuid4().hex
+    with connect(spare_job_actors=1) as jobs, ThreadPoolExecutor(1) as pool:
+        manager = jobs.manager(scope, "large")
+        handle = ray.get_actor(manager_name(scope, "large"), namespace=RAY_NAMESPACE)
+        small = manager.start(StreamedJob, StreamedPlan(token=uuid.uuid4().hex, steps=1))
+        manager.wait(small.job_id, timeout=60)
+        (spare,) = eventually(lambda: ray.get(handle.spares.remote()), 30, "a spare")
+        before = job_actor_names()
+
+        starting = pool.submit(
+            manager.start, StreamedJob, StreamedPlan(token=token, steps=10, pause_after=5)
+        )
+        job_id = eventually(lambda: job_of(token), 30, "prepare_steps to run")
+        assert job_id == spare
+        eventually(lambda: read(job_id, "paused"), 30, "the plan to pause")
+        time.sleep(1.0)  # 20 times REFILL_SECONDS: a spare made then has its actor by now
+        assert ray.get(handle.spares.remote()) == []
+        assert job_actor_names() - before == set()  # none being made either
+
+        set_flag(job_id, "go on")
+        assert starting.result(timeout=60).error is None
+        assert manager.wait(job_id, timeout=60).progress.successful_steps == 10
+        (after,) = eventually(lambda: ray.get(handle.spares.remote()), 30, "the next spare")
+        assert f"job/{after}" in job_actor_names() - before
     (TRACES / f"token-{token}").unlink(missing_ok=True)
