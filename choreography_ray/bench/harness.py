@@ -228,8 +228,13 @@ class _Session:
 
     def durable(self, repeat: int, steps: int, url: str) -> None:
         self.log(f"durable job: {steps:,} steps on {redact_url(url)}")
+        connection = self.connections[url]
+        # A job starts on a warm system, its manager's spare job actor ready (as the latency
+        # runs do): the one before it (the rounds alternate, so two can follow one another)
+        # has the next spare made once it settles (`core/spares.py`).
+        connection.await_spares(self.config.timeout)
         with self.sampler.measure() as peak:
-            seconds, status, state = self.connections[url].run_job(
+            seconds, status, state = connection.run_job(
                 self.config.request(steps), self.config.timeout
             )
         run = DurableRun(

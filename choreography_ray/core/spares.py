@@ -13,9 +13,10 @@ spare's actor handle, kept so that a start need not look it up, is opaque here).
 A new spare is a new process: most of a core for half a second here. A start replaces the spare
 it took a moment in (`REFILL_SECONDS` in the manager), once it has answered. A start still
 preparing then has a large plan (`large_start`): alone, its job would share the machine with the
-new process while it writes its plan, so the next spare waits until the job settles; when large
-jobs follow one another (another runs, or one settled within `FOLLOW_SECONDS`), the next start
-is near and finds the spare ready only if it is made now.
+new process while it writes its plan, so the next spare waits until the job settles. When large
+jobs follow one another (another runs; or a start found no spare ready while one was being
+made, and each came within `FOLLOW_SECONDS` of the one before settling), the next start is
+near, and finds a spare ready only if it is made now.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any, NamedTuple
 SPARE_SECONDS = 600.0
 #: The job types a new spare imports ahead: its manager's latest ones.
 RECENT_TYPES = 4
-#: Seconds after a large job settles within which the next large start follows it: about what
-#: a new spare takes to be made and warmed here. A start later than that finds it ready.
+#: Seconds after a large job settles within which the next large start still follows it: about
+#: what a new spare takes to be made and warmed here.
 FOLLOW_SECONDS = 2.0
 
 
@@ -49,15 +50,21 @@ class Spares:
         self.large: dict[str, bool] = {}
         #: When a large job was last seen settled (monotonic), None before the first.
         self.large_settled_at: float | None = None
+        #: Starts outpace the spares: one found none ready while one was being made or waited
+        #: for a large job, and no large start came FOLLOW_SECONDS after one settled since.
+        self.following = False
         self._types: deque[str] = deque(maxlen=RECENT_TYPES)
 
     def take(self, now: float) -> Spare | None:
         """The oldest spare young enough to take, else None; older ones are forgotten (they
-        exit on their own)."""
+        exit on their own). None while one is being made, or waits for a large job: starts
+        outpace the spares (`following`)."""
         while self._ready:
             spare, created = self._ready.popleft()
             if now - created < self.max_age:
                 return spare
+        if self.creating or any(self.large.values()):
+            self.following = True
         return None
 
     def ready(self) -> list[str]:
@@ -73,13 +80,14 @@ class Spares:
 
     def large_start(self, job_id: str, now: float, took_spare: bool) -> bool:
         """A start still preparing when its spare is to be replaced (a large plan): True when
-        the next spare waits until its job settles (`settled`). It does when the job runs
-        alone: it took a spare, and no other large job runs or settled within
-        `FOLLOW_SECONDS`. When large jobs follow one another, the next start is near, and finds
-        a spare ready only if it is made now. A start that took none while none follows (a
-        manager's first, which made its own actor) is not kept."""
+        the next spare waits until its job settles (`settled`), which it does when the job
+        runs alone (it took a spare, and large jobs do not follow one another). A start that
+        took none while none follows (a manager's first, which made its own actor) is not
+        kept."""
         settled = self.large_settled_at
-        following = bool(self.large) or (settled is not None and now - settled < FOLLOW_SECONDS)
+        if not self.large and settled is not None and now - settled >= FOLLOW_SECONDS:
+            self.following = False
+        following = self.following or bool(self.large)
         if not took_spare and not following:
             return False
         waits = took_spare and not following

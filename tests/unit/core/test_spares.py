@@ -44,32 +44,46 @@ def test_large_start__alone_the_next_spare_waits_for_its_job_to_settle() -> None
     assert spares.settled("small", now=1.0) is False  # not a large job: nothing waited for it
     assert spares.settled("big", now=2.0) is True  # the spare is made now
     assert spares.settled("big", now=2.5) is False  # once
+    # The next large start, with the spare made meanwhile, runs alone too, however soon.
+    spares.add("spare", created=2.8, handle=None)
+    assert spares.take(now=2.9) == ("spare", None)
+    assert spares.large_start("next", now=3.0, took_spare=True) is True
 
 
-def test_large_start__following_another_large_job_the_next_spare_is_made_at_once() -> None:
+def test_large_start__while_another_runs_the_next_spare_is_made_at_once() -> None:
     spares = Spares(size=1, max_age=10.0)
     assert spares.large_start("first", now=0.0, took_spare=True) is True
-    # While "first" runs, the next large start's spare is made now, and waits for nothing.
     assert spares.large_start("second", now=1.0, took_spare=True) is False
     assert spares.settled("first", now=2.0) is True
     assert spares.settled("second", now=3.0) is False
-    # Within FOLLOW_SECONDS of a large job settling, the next one follows it: made now.
-    assert spares.large_start("third", now=3.0 + FOLLOW_SECONDS - 0.1, took_spare=True) is False
-    assert spares.settled("third", now=9.0) is False
-    # Alone again once FOLLOW_SECONDS passed.
-    assert spares.large_start("fourth", now=9.0 + FOLLOW_SECONDS, took_spare=True) is True
 
 
-def test_large_start__without_a_spare_it_is_kept_only_when_it_follows_another() -> None:
+def test_large_start__after_a_start_found_no_spare_ready_large_jobs_follow_one_another() -> None:
     spares = Spares(size=1, max_age=10.0)
-    # A manager's first start made its own actor: it waits for nothing and is not kept, so its
-    # job settling does not make the next large start a follower.
-    assert spares.large_start("first", now=0.0, took_spare=False) is False
+    spares.add("s1", created=0.0, handle=None)
+    assert spares.take(now=0.0) == ("s1", None)
+    assert spares.large_start("a", now=0.1, took_spare=True) is True
+    assert spares.settled("a", now=2.0) is True  # the manager makes the next spare now
+    spares.creating = 1
+    # The next start came before that spare was ready: it made its own actor, and is kept.
+    assert spares.take(now=2.1) is None
+    assert spares.large_start("b", now=2.2, took_spare=False) is False
+    spares.creating = 0
+    spares.add("s2", created=2.8, handle=None)
+    assert spares.settled("b", now=4.0) is False
+    # The start after "b" took the spare made meanwhile: the next one is made at once.
+    assert spares.take(now=4.1) == ("s2", None)
+    assert spares.large_start("c", now=4.2, took_spare=True) is False
+    assert spares.settled("c", now=6.0) is False
+    # A large start FOLLOW_SECONDS after the last large job settled runs alone again.
+    assert spares.large_start("d", now=6.0 + FOLLOW_SECONDS, took_spare=True) is True
+
+
+def test_large_start__a_managers_first_start_is_not_kept_and_is_no_miss() -> None:
+    spares = Spares(size=1, max_age=10.0)
+    assert spares.take(now=0.0) is None  # none made yet, none being made: not a miss
+    assert spares.large_start("first", now=0.1, took_spare=False) is False
     assert spares.settled("first", now=1.0) is False
-    assert spares.large_start("alone", now=1.5, took_spare=True) is True
-    # A start that found no spare ready right after "alone" settled (its spare is being made):
-    # kept, so the start after it, with the spare made meanwhile, follows it too.
-    assert spares.settled("alone", now=3.0) is True
-    assert spares.large_start("missed", now=3.1, took_spare=False) is False
-    assert spares.settled("missed", now=5.5) is False
-    assert spares.large_start("next", now=5.6, took_spare=True) is False
+    spares.add("spare", created=1.5, handle=None)
+    assert spares.take(now=1.6) == ("spare", None)
+    assert spares.large_start("next", now=1.7, took_spare=True) is True
