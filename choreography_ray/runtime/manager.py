@@ -64,9 +64,9 @@ OPERATIONS = frozenset({"stop", "resume", "remove", "retry_failed_steps"})
 JOBS_GAUGE_SECONDS = 5.0
 #: Seconds into a start at which the next spare job actor is made, when the start has answered.
 REFILL_SECONDS = 0.05
-#: Seconds into a large job's start (one still preparing at REFILL_SECONDS) after which it no
-#: longer holds the next spare back, if it is not seen settled before.
-SPARE_WAIT_SECONDS = 10.0
+#: Seconds between two reads of a large job's record (its start still preparing at
+#: REFILL_SECONDS) until it is seen settled: the next spare may wait for that.
+LARGE_JOB_READ_SECONDS = 5.0
 #: Seconds a new spare job actor has to start and warm up (`JobCore.warm`); one that misses
 #: it is not taken (it exits on its own after `SPARE_SECONDS`).
 WARM_SECONDS = 60.0
@@ -230,14 +230,29 @@ class ManagerCore:
         """REFILL_SECONDS into a start: the spare it took is replaced now (a small job's start
         has answered; the new process does not meet it, nor its caller's next call, a `wait`),
         or, for a large plan, once its job is seen settled (`Spares.large_start`)."""
-        if job_id in self._starting:
-            asyncio.get_running_loop().call_later(SPARE_WAIT_SECONDS, self._settled, job_id)
-            if self.spares.large_start(job_id, time.monotonic(), took_spare):
-                return
-        self._refill_spares()
+        now = time.monotonic()
+        waits = job_id in self._starting and self.spares.large_start(job_id, now, took_spare)
+        if job_id in self.spares.large:
+            self.tasks.spawn(f"large job {job_id}", self._watch_large(job_id))
+        if not waits:
+            self._refill_spares()
+
+    async def _watch_large(self, job_id: str) -> None:
+        """Reads a large job's record every LARGE_JOB_READ_SECONDS until it is seen settled
+        (or gone), by this or by a caller's read (`_owned`); a failed read is tried again."""
+        while job_id in self.spares.large:
+            await asyncio.sleep(LARGE_JOB_READ_SECONDS)
+            try:
+                state = await self.storage.get_job(job_id)
+            except Exception as error:
+                log.warning("job %s: reading its record failed (%s); read again in %g s",
+                            job_id, error, LARGE_JOB_READ_SECONDS)  # fmt: skip
+                continue
+            if state is None or settled(state):
+                self._settled(job_id)
 
     def _settled(self, job_id: str) -> None:
-        """A large job seen settled, or SPARE_WAIT_SECONDS into its start."""
+        """A large job seen settled: the next spare is made now if it waited for the job."""
         if self.spares.settled(job_id, time.monotonic()):
             self._refill_spares()
 

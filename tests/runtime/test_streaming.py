@@ -21,7 +21,7 @@ from choreography_ray.storage import open_storage
 from tests.runtime.conftest import job_actor_names
 from tests.runtime.lifecycle_jobs import TRACES, read, set_flag
 from tests.runtime.streaming_jobs import StreamedJob, StreamedPlan
-from tests.support import RAY_NAMESPACE, eventually
+from tests.support import RAY_NAMESPACE, eventually, in_storage
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -101,7 +101,7 @@ def test_job_actor_killed_while_it_writes_its_plan__the_job_fails_for_its_missin
 
 
 def test_a_large_start_has_the_next_spare_made_once_its_job_settles(
-    connect: Any, scope: str
+    connect: Any, scope: str, storage_url: str
 ) -> None:
     """A new spare job actor is a new process (most of a core for half a second): a start still
     preparing REFILL_SECONDS (50 ms) in, a large plan, does not have the next spare made while
@@ -130,4 +130,20 @@ def test_a_large_start_has_the_next_spare_made_once_its_job_settles(
         assert manager.wait(job_id, timeout=60).progress.successful_steps == 10
         (after,) = eventually(lambda: ray.get(handle.spares.remote()), 30, "the next spare")
         assert f"job/{after}" in job_actor_names() - before
-    (TRACES / f"token-{token}").unlink(missing_ok=True)
+
+        # A large job nobody reads: the manager reads its record (LARGE_JOB_READ_SECONDS).
+        second = uuid.uuid4().hex
+        starting = pool.submit(
+            manager.start, StreamedJob, StreamedPlan(token=second, steps=10, pause_after=5)
+        )
+        job_id = eventually(lambda: job_of(second), 30, "prepare_steps to run")
+        assert job_id == after
+        eventually(lambda: read(job_id, "paused"), 30, "the plan to pause")
+        time.sleep(1.0)
+        assert ray.get(handle.spares.remote()) == []
+        set_flag(job_id, "go on")
+        assert starting.result(timeout=60).error is None
+        eventually(lambda: ray.get(handle.spares.remote()), 30, "the spare after the second")
+        assert in_storage(storage_url, lambda s: s.get_job(job_id)).progress.successful_steps == 10
+    for name in (token, second):
+        (TRACES / f"token-{name}").unlink(missing_ok=True)
