@@ -9,6 +9,7 @@ A flow of an activation (`activation.Activation`): functions that never take a t
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ log = get_logger(__name__)
 #: The epoch of a job's first activation: the version its first save of the record (created at
 #: version 1) writes. Every activation takes its epoch before it writes a plan.
 FIRST_EPOCH = 2
+#: Plan pieces being written at once: one in the storage's hands, the next waiting behind it.
+WRITES_IN_FLIGHT = 2
 
 
 async def prepare(a: Activation) -> StartJobError | None:
@@ -100,11 +103,12 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
     # ids): a plan of up to two chunks is never read back.
     kept: list[PlannedStep] = []
     offset = 0
-    writing: asyncio.Task[None] | None = None
+    writes: deque[asyncio.Task[None]] = deque()
     try:
         # Written a piece at a time, each while the next is read and built (SQLite writes it
-        # without holding the GIL); one write at a time, in order. After the first chunk the
-        # plan is read a piece at a time too. Only the last piece's write is left when the
+        # without holding the GIL), in order. Two writes at most are in flight: the second
+        # waits in the storage's queue and begins as the first ends. After the first chunk the
+        # plan is read a piece at a time too. Only the last pieces' writes are left when the
         # plan ends.
         while True:
             if len(read) < piece:  # the steps read ahead are less than a piece: read on
@@ -113,11 +117,13 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
                 break
             records = plan_records(read[:piece], offset, width)
             del read[:piece]  # let them go as they are written
-            if writing is not None:
-                await writing
-            writing = asyncio.get_running_loop().create_task(
-                a.storage.insert_plan(a.job_id, records),
-                name=f"insert plan of job {a.job_id} at step {offset}",
+            while len(writes) >= WRITES_IN_FLIGHT:
+                await writes.popleft()
+            writes.append(
+                asyncio.get_running_loop().create_task(
+                    a.storage.insert_plan(a.job_id, records),
+                    name=f"insert plan of job {a.job_id} at step {offset}",
+                )
             )
             # The write begins now (reading a plan that is not async never yields).
             await asyncio.sleep(0)
@@ -126,15 +132,16 @@ async def persist_plan(a: Activation, source: Iterable[Any] | AsyncIterable[Any]
             kept += records[: max(0, 2 * size - offset)]
             offset += len(records)
             del records
-        if writing is not None:
-            await writing
+        while writes:
+            await writes.popleft()
     except BaseException:
-        if writing is not None:
-            # The write lands (or fails) before the job clears its partial plan; the error
-            # raised here is the one to report, not the write's.
-            await asyncio.wait([writing])
-            if not writing.cancelled():
-                writing.exception()
+        if writes:
+            # The writes land (or fail) before the job clears its partial plan; the error
+            # raised here is the one to report, not a write's.
+            await asyncio.wait(writes)
+            for write in writes:
+                if not write.cancelled():
+                    write.exception()
         raise
     stages = Stages.from_totals(totals)
     resume = a.job_state.resume_after

@@ -262,8 +262,17 @@ class SqliteStorage:
             await self._write(lambda c: _insert_steps(c, steps))
 
     async def insert_plan(self, job_id: str, steps: Sequence[PlannedStep]) -> None:
-        if steps:
-            await self._write(lambda c: _insert_plan(c, job_id, steps))
+        if not steps:
+            return
+        if self.read_only:
+            raise StorageError(f"SQLite storage {self.url} is opened read-only")
+        # Serialized here, and written as one statement in autocommit (atomic on its own): the
+        # connection's thread takes the GIL back once, not for each of a transaction's
+        # statements, each a wait of up to the switch interval while the caller's thread
+        # reads the plan's next piece.
+        now: str = json.loads(to_json(utcnow()))
+        chunk = json.dumps(steps, ensure_ascii=False, check_circular=False)
+        await self._run(lambda c: _insert_plan(c, job_id, now, chunk, steps))
 
     async def get_step(self, job_id: str, step_id: str) -> StepState | None:
         rows = await self._query(
@@ -636,14 +645,19 @@ def _insert_steps(connection: sqlite3.Connection, steps: Sequence[StepState]) ->
     )
 
 
-def _insert_plan(connection: sqlite3.Connection, job_id: str, steps: Sequence[PlannedStep]) -> None:
-    now: str = json.loads(to_json(utcnow()))
-    chunk = json.dumps(steps, ensure_ascii=False, check_circular=False)
-    _insert_step_rows(
-        connection,
-        lambda c: c.execute(_INSERT_PLAN, (job_id, now, chunk)),
-        lambda: [(job_id, s.step_id) for s in steps],
-    )
+def _insert_plan(
+    connection: sqlite3.Connection,
+    job_id: str,
+    now: str,
+    chunk: str,
+    steps: Sequence[PlannedStep],
+) -> None:
+    """One statement, in autocommit: all the rows or none."""
+    try:
+        connection.execute(_INSERT_PLAN, (job_id, now, chunk))
+    except sqlite3.IntegrityError:
+        duplicate = _duplicate(connection, [(job_id, s.step_id) for s in steps])
+        raise DuplicateRecordError(f"step {duplicate!r} exists already") from None
 
 
 def _insert_step_rows(

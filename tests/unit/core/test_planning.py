@@ -295,12 +295,13 @@ def test_plan__failing_while_a_chunk_is_written_waits_for_that_write_and_leaves_
     activations.run(scenario)
 
 
-def test_plan__a_chunk_is_written_in_pieces_each_while_the_next_is_built_one_write_at_a_time(
+def test_plan__a_chunk_is_written_in_pieces_each_while_the_next_is_built_two_writes_at_most(
     activations: Activations, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
         monkeypatch.setattr(plan_writer, "PLAN_WRITE", 3)
         events: list[str] = []
+        in_flight = most = 0
 
         def building(specs: list[StepSpec], offset: int, width: int) -> list[PlannedStep]:
             events.append(f"build {offset}")
@@ -311,21 +312,28 @@ def test_plan__a_chunk_is_written_in_pieces_each_while_the_next_is_built_one_wri
         insert_plan = h.storage.insert_plan
 
         async def slow(job_id: str, steps: Sequence[PlannedStep]) -> None:
-            events.append(f"write {int(steps[0].step_id)}+{len(steps)}")
+            nonlocal in_flight, most
+            first = int(steps[0].step_id)
+            events.append(f"write {first}+{len(steps)}")
+            in_flight += 1
+            most = max(most, in_flight)
             await asyncio.sleep(0.01)
             await insert_plan(job_id, steps)
-            events.append(f"written {int(steps[0].step_id)}")
+            in_flight -= 1
+            events.append(f"written {first}")
 
         h.storage.insert_plan = slow  # type: ignore[method-assign]
         assert await h.c.start() is None
-        # The first chunk of 4 (and a step past it) is read whole, then pieces of 3: each
-        # piece's write is in flight while the next piece is read and built, and begins only
-        # once the one before it is written.
-        assert events == [
-            "build 0", "write 0+3", "build 3", "written 0", "write 3+3",
-            "build 6", "written 3", "write 6+3", "build 9", "written 6", "write 9+1",
-            "written 9",
+        # The first chunk of 4 (and a step past it) is read whole, then pieces of 3. Each
+        # piece's write begins as it is built, while the next is read and built; two at most
+        # are in flight (WRITES_IN_FLIGHT): the third begins once the first is written.
+        assert [e for e in events if e.startswith("write ")] == [
+            "write 0+3", "write 3+3", "write 6+3", "write 9+1",
         ]  # fmt: skip
+        assert events[:4] == ["build 0", "write 0+3", "build 3", "write 3+3"]
+        assert events.index("written 0") < events.index("write 6+3")
+        assert events.index("written 3") < events.index("write 9+1")
+        assert most == plan_writer.WRITES_IN_FLIGHT == 2
         assert Counter(await run_to_the_end(h)) == {f"{i:010d}": 1 for i in range(10)}
 
     activations.run(scenario)
